@@ -1,0 +1,1 @@
+"""Pure logic shared by every adapter; imports numpy at most, never vLLM."""

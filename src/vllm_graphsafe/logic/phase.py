@@ -1,0 +1,92 @@
+"""Is a scheduled batch a uniform *decode* batch?
+
+The stock rule looks at the batch's shape only: every request schedules the
+same number of tokens. A prompt chunk of exactly ``1 + num_speculative_tokens``
+tokens has that shape too. The phase rule adds the missing half: every
+scheduled request must already have computed its whole prompt before the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
+
+import numpy as np
+
+PrefillPending = Callable[[], bool]
+
+
+def uniform_query_len(num_reqs: int, num_tokens: int, max_query_len: int) -> int | None:
+    """The common query length when every request schedules the same count."""
+    if num_reqs > 0 and max_query_len > 0 and num_tokens == max_query_len * num_reqs:
+        return max_query_len
+    return None
+
+
+def rows_past_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> bool:
+    """Whether every row had computed its whole prompt before this step.
+
+    ``num_computed`` and ``num_prompt`` are the rows' pre-step counts in the
+    same order. A computed count that runs ahead under async scheduling still
+    counts as past prefill; a chunked tail with some tokens computed does not.
+    """
+    return bool(np.all(num_computed >= num_prompt))
+
+
+def uniform_decode_query_len(
+    num_reqs: int,
+    num_tokens: int,
+    max_query_len: int,
+    prefill_pending: PrefillPending,
+) -> int | None:
+    """The uniform decode query length of a batch, or ``None`` for any other batch.
+
+    ``prefill_pending`` is only consulted for uniform shapes, so non-uniform
+    batches never pay for the request-state scan.
+    """
+    query_len = uniform_query_len(num_reqs, num_tokens, max_query_len)
+    if query_len is None or prefill_pending():
+        return None
+    return query_len
+
+
+def is_uniform_decode(
+    num_reqs: int,
+    num_tokens: int,
+    max_query_len: int,
+    decode_query_len: int,
+    prefill_pending: PrefillPending,
+) -> bool:
+    """Whether the batch may replay the uniform decode graph of ``decode_query_len``."""
+    if max_query_len != decode_query_len:
+        return False
+    return (
+        uniform_decode_query_len(num_reqs, num_tokens, max_query_len, prefill_pending)
+        is not None
+    )
+
+
+def rows_in_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> np.ndarray:
+    """Indices of the rows that had not computed their whole prompt before this step.
+
+    The per-row form of :func:`rows_past_prefill`, for a state table that holds
+    every live request in rows reached through a map (Model Runner V2's request
+    states): in steady decoding few rows are in prefill, so scanning them beats
+    looking up every scheduled request.
+    """
+    return np.flatnonzero(num_computed < num_prompt)
+
+
+def any_row_scheduled(
+    rows: Iterable[int],
+    owner_of_row: Mapping[int, Hashable],
+    scheduled: Container[Hashable],
+) -> bool:
+    """Whether a request that owns one of ``rows`` is scheduled this step.
+
+    Rows without an owner (freed rows keep their last counts) never count.
+    """
+    for row in rows:
+        owner = owner_of_row.get(int(row))
+        if owner is not None and owner in scheduled:
+            return True
+    return False

@@ -1,0 +1,68 @@
+"""Dummy-batch metadata that satisfies the invariants of a real batch.
+
+For every active request ``r`` and every active token ``t`` of ``r``::
+
+    seq_len[r]   == num_computed[r] + num_scheduled[r]
+    positions[t] == num_computed[r] + query_pos[t]
+
+Padded request rows get zero scheduled and computed length; padded token
+positions are zero. A requested sequence length shorter than the query is
+raised to the query length, so no computed length or position is negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StagedDummyBatch:
+    seq_lens: np.ndarray
+    num_computed: np.ndarray
+    num_scheduled: np.ndarray
+    positions: np.ndarray
+
+
+def stage_dummy_batch(
+    requested_seq_lens: np.ndarray,
+    num_scheduled: np.ndarray,
+    num_reqs_padded: int,
+    num_tokens_padded: int,
+) -> StagedDummyBatch:
+    """Stage lengths and positions for ``len(num_scheduled)`` active requests.
+
+    ``requested_seq_lens`` holds the lengths the dummy run asked for (one per
+    active request); ``num_scheduled`` the query length of each request.
+    Arrays are padded with zeros to ``num_reqs_padded`` rows and
+    ``num_tokens_padded`` tokens.
+    """
+    num_reqs = len(num_scheduled)
+    num_tokens = int(num_scheduled.sum())
+    if num_reqs_padded < num_reqs or num_tokens_padded < num_tokens:
+        raise ValueError("padded sizes must cover the active requests and tokens")
+
+    scheduled = np.zeros(num_reqs_padded, dtype=np.int64)
+    scheduled[:num_reqs] = num_scheduled
+    seq_lens = np.zeros(num_reqs_padded, dtype=np.int64)
+    seq_lens[:num_reqs] = seq_len_floor(requested_seq_lens[:num_reqs], num_scheduled)
+    num_computed = seq_lens - scheduled
+
+    positions = np.zeros(num_tokens_padded, dtype=np.int64)
+    positions[:num_tokens] = token_positions(num_computed[:num_reqs], num_scheduled)
+    return StagedDummyBatch(seq_lens, num_computed, scheduled, positions)
+
+
+def seq_len_floor(requested: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:
+    """A sequence holds at least its own query."""
+    return np.maximum(requested, num_scheduled)
+
+
+def token_positions(num_computed: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:
+    """Absolute position of every scheduled token: computed[req] + query_pos."""
+    starts = np.repeat(num_computed.astype(np.int64), num_scheduled)
+    ends = np.cumsum(num_scheduled, dtype=np.int64)
+    query_pos = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    query_pos -= np.repeat(ends - num_scheduled, num_scheduled)
+    return starts + query_pos

@@ -1,0 +1,47 @@
+"""The ``vllm.general_plugins`` entry point: runs in every vLLM process."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_graphsafe import stats
+from vllm_graphsafe.patches import all_patches
+from vllm_graphsafe.registry import PatchFailedError, Registry
+
+_REGISTRY: Registry | None = None
+
+
+def registry() -> Registry:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = Registry(all_patches())
+    return _REGISTRY
+
+
+def register() -> None:
+    """Apply every patch this vLLM needs. Idempotent; never raises unless strict."""
+    first_time = _REGISTRY is None
+    try:
+        registry().apply_all()
+    except PatchFailedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the server must start unpatched
+        _vllm_logger().warning(
+            "vllm-graphsafe: could not load its patches (%s: %s); vLLM runs "
+            "without them. Report this with the output of `vllm-graphsafe doctor`.",
+            type(error).__name__,
+            error,
+        )
+        return
+    stats.STATS.describe_patches = registry().states
+    stats.configure_from_environment()
+    if first_time:
+        _vllm_logger().info("vllm-graphsafe: %s", registry().summary())
+
+
+def _vllm_logger() -> logging.Logger:
+    try:
+        from vllm.logger import init_logger
+    except ImportError:
+        return logging.getLogger("vllm.graphsafe")
+    return init_logger("vllm.graphsafe")

@@ -1,0 +1,289 @@
+"""A tiny random-weight Qwen3 causal LM with a locally trained tokenizer.
+
+Everything is generated from code and a seed, so tests and demos can run a real
+vLLM engine without downloading anything. The checkpoint follows the layout of
+transformers' ``Qwen3Config`` / ``Qwen3ForCausalLM`` but is written with numpy
+and safetensors alone: importing torch and transformers would cost more than the
+build itself. The tests check the layout against transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+CACHE_ENV = "VLLM_GRAPHSAFE_CACHE"
+
+VOCAB_SIZE = 2048
+HIDDEN_SIZE = 128
+NUM_LAYERS = 2
+NUM_ATTENTION_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 32
+INTERMEDIATE_SIZE = 256
+MAX_POSITION_EMBEDDINGS = 4096
+WEIGHT_STD = 0.05
+ROPE_THETA = 1_000_000.0
+
+BOS_TOKEN = "<|startoftext|>"
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+_COMMON_WORDS = (
+    "the of and to in is it you that he was for on are with as his they be at one have this "
+    "from or had by word but what some we can out other were all there when up use your how "
+    "said an each she which do their time if will way about many then them write would like "
+    "so these her long make thing see him two has look more day could go come did number "
+    "sound no most people my over know water than call first who may down side been now find "
+    "any new work part take get place made live where after back little only round man year "
+    "came show every good me give our under name very through just form sentence great think "
+    "say help low line differ turn cause much mean before move right boy old too same tell "
+    "does set three want air well also play small end put home read hand port large spell add "
+    "even land here must big high such follow act why ask men change went light kind off need "
+    "house picture try us again animal point mother world near build self earth father head "
+    "stand own page should country found answer school grow study still learn plant cover food "
+    "sun four between state keep eye never last let thought city tree cross farm hard start "
+    "might story saw far sea draw left late run while press close night real life few north "
+    "graph cache token model engine batch draft verify accept reject request prompt decode"
+).split()
+_SYLLABLE_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "st", "tr")
+_SYLLABLE_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou", "ee")
+_SYLLABLE_CODAS = ("", "n", "r", "s", "t", "l", "ng", "st")
+_PUNCTUATION = (".", ",", "!", "?", ";", ":", " -", "...")
+_CORPUS_SEED = 20240601
+_CORPUS_SENTENCES = 4000
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return Path.cwd() / ".cache" / "vllm-graphsafe"
+
+
+def model_dir_name(seed: int) -> str:
+    return f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}"
+
+
+def is_complete(model_dir: Path) -> bool:
+    return all((model_dir / name).is_file() for name in REQUIRED_FILES)
+
+
+def build_tiny_model(cache_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:
+    """Return the directory of the tiny model for ``seed``, building it if needed."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / model_dir_name(seed)
+    if is_complete(target):
+        return target
+
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    try:
+        _write_tokenizer(staging)
+        _write_model(staging, seed)
+        _make_world_readable(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not is_complete(target):
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def generate_corpus() -> list[str]:
+    rng = random.Random(_CORPUS_SEED)
+    invented_words = [_invent_word(rng) for _ in range(600)]
+    lines = [" ".join(str(number) for number in range(1, 201))]
+    lines.append(" ".join(str(number) for number in range(0, 1001, 7)))
+    for _ in range(_CORPUS_SENTENCES):
+        vocabulary = _COMMON_WORDS if rng.random() < 0.7 else invented_words
+        words = [rng.choice(vocabulary) for _ in range(rng.randint(4, 14))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
+        sentence = " ".join(words).capitalize() + rng.choice(_PUNCTUATION)
+        if rng.random() < 0.15:
+            sentence = f'"{sentence}" ({rng.randint(1, 200)})'
+        lines.append(sentence)
+    return lines
+
+
+def _invent_word(rng: random.Random) -> str:
+    syllables = rng.randint(1, 3)
+    return "".join(
+        rng.choice(_SYLLABLE_ONSETS) + rng.choice(_SYLLABLE_NUCLEI) + rng.choice(_SYLLABLE_CODAS)
+        for _ in range(syllables)
+    )
+
+
+def _write_tokenizer(out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(generate_corpus(), trainer=trainer)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+
+    added_tokens_decoder = {
+        str(tokenizer.token_to_id(token)): {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for token in SPECIAL_TOKENS
+    }
+    special_tokens_map = {
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "additional_special_tokens": [IM_START_TOKEN, IM_END_TOKEN],
+    }
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": MAX_POSITION_EMBEDDINGS,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "added_tokens_decoder": added_tokens_decoder,
+        "chat_template": CHAT_TEMPLATE,
+        **special_tokens_map,
+    }
+    _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
+    _write_json(out_dir / "special_tokens_map.json", special_tokens_map)
+
+
+def qwen3_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
+    """The ``config.json`` payload, in the schema of transformers' ``Qwen3Config``."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "initializer_range": WEIGHT_STD,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": ROPE_THETA,
+        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": NUM_LAYERS,
+        "layer_types": ["full_attention"] * NUM_LAYERS,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": token_ids[BOS_TOKEN],
+        "eos_token_id": token_ids[EOS_TOKEN],
+        "pad_token_id": token_ids[PAD_TOKEN],
+        "dtype": "float32",
+    }
+
+
+def qwen3_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of ``Qwen3ForCausalLM``'s weights, with the LM head tied."""
+    query_width = NUM_ATTENTION_HEADS * HEAD_DIM
+    key_value_width = NUM_KV_HEADS * HEAD_DIM
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
+        "model.norm.weight": (HIDDEN_SIZE,),
+    }
+    for layer in range(NUM_LAYERS):
+        prefix = f"model.layers.{layer}"
+        shapes |= {
+            f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.self_attn.q_proj.weight": (query_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.k_proj.weight": (key_value_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.v_proj.weight": (key_value_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, query_width),
+            f"{prefix}.self_attn.q_norm.weight": (HEAD_DIM,),
+            f"{prefix}.self_attn.k_norm.weight": (HEAD_DIM,),
+            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
+        }
+    return shapes
+
+
+def _write_model(out_dir: Path, seed: int) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tokenizer_spec = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab_size = len(tokenizer_spec["model"]["vocab"])
+    token_ids = {entry["content"]: entry["id"] for entry in tokenizer_spec["added_tokens"]}
+
+    generator = np.random.default_rng(seed)
+    weights: dict[str, Any] = {}
+    for name, shape in sorted(qwen3_parameter_shapes(vocab_size).items()):
+        if name.endswith("norm.weight"):
+            weights[name] = np.ones(shape, dtype=np.float32)
+        else:
+            weights[name] = generator.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_STD)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    _write_json(out_dir / "config.json", qwen3_config(vocab_size, token_ids))
+    generation_config = {
+        "bos_token_id": token_ids[BOS_TOKEN],
+        "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],
+        "pad_token_id": token_ids[PAD_TOKEN],
+        "do_sample": False,
+    }
+    _write_json(out_dir / "generation_config.json", generation_config)
+
+
+def _make_world_readable(directory: Path) -> None:
+    directory.chmod(0o755)
+    for path in directory.iterdir():
+        path.chmod(0o644)
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    print(build_tiny_model())

@@ -1,0 +1,66 @@
+"""Test-wide isolation and the negative-control switches.
+
+``--negative-control=PATCH_ID`` keeps only the regression tests of that patch
+(marked ``regression(PATCH_ID)``); CI runs them with the plugin disabled on a
+release that lacks the fix and requires every one of them to fail.
+``--drop-seq-len-floor`` removes only the staging's sequence-length lower
+bound, the reference fix's own negative control.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+os.environ.setdefault(
+    "VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
+)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--negative-control",
+        default=None,
+        metavar="PATCH_ID",
+        help="run only the regression tests of PATCH_ID",
+    )
+    parser.addoption(
+        "--drop-seq-len-floor",
+        action="store_true",
+        help="remove the dummy staging's sequence-length lower bound",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "regression(patch_id): fails on a vLLM without that fix"
+    )
+
+
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    target = config.getoption("--negative-control")
+    if target is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("regression")
+        (keep if marker is not None and target in marker.args else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _seq_len_floor_control(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if request.config.getoption("--drop-seq-len-floor"):
+        from vllm_graphsafe.logic import staging
+
+        monkeypatch.setattr(staging, "seq_len_floor", lambda requested, _: requested)

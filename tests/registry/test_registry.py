@@ -1,0 +1,213 @@
+"""The registry on a synthetic target module: every state and transition."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_graphsafe.registry import (
+    HookPoint,
+    Patch,
+    PatchFailedError,
+    PatchState,
+    Registry,
+    SourceReader,
+)
+from vllm_graphsafe.settings import read_settings
+
+TARGET_SOURCE = '''
+def helper(value):
+    return value
+
+
+class Runner:
+    def step(self, value):
+        return helper(value) + 1
+
+    def classify(self, value):
+        return "shape"
+'''
+
+
+@pytest.fixture
+def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh, not yet imported module ``<pkg>.runner`` with TARGET_SOURCE."""
+    package = f"fakevllm_{uuid.uuid4().hex[:8]}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "runner.py").write_text(textwrap.dedent(TARGET_SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield f"{package}.runner"
+    for name in [m for m in sys.modules if m.startswith(package)]:
+        del sys.modules[name]
+
+
+def double_result(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    return 2 * wrapped(*args, **kwargs)
+
+
+def phase_classify(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    return "phase"
+
+
+class FakePatch(Patch):
+    def __init__(
+        self, module: str, qualnames: tuple[str, ...] = ("Runner.classify",), **kw: Any
+    ) -> None:
+        super().__init__(id="fake-fix", title="fake", anchor_module=module)
+        self.module = module
+        self.qualnames = qualnames
+        self.native_marker = kw.get("native_marker")
+
+    def hook_points(self) -> list[HookPoint]:
+        hooks = [HookPoint(self.module, name, phase_classify) for name in self.qualnames]
+        hooks.append(HookPoint(self.module, "helper", double_result, caller="Runner.step"))
+        return hooks
+
+    def native_reason(self, sources: SourceReader) -> str | None:
+        body = sources.function(self.module, "Runner.classify") or ""
+        if self.native_marker and self.native_marker in body:
+            return "classify already reads phase"
+        return None
+
+
+def apply(patch: Patch, environ: dict[str, str] | None = None) -> Registry:
+    registry = Registry([patch])
+    registry.apply_all(read_settings(environ or {}))
+    return registry
+
+
+def test_applied_patch_wraps_the_module_when_it_is_imported(target: str) -> None:
+    patch = FakePatch(target)
+    apply(patch)
+    assert patch.state is PatchState.APPLIED
+    assert target not in sys.modules
+    assert not patch.is_wrapped()
+
+    runner = importlib.import_module(target).Runner()
+
+    assert patch.is_wrapped()
+    assert runner.classify(1) == "phase"
+    assert runner.step(3) == 7
+
+
+def test_already_imported_module_is_wrapped_at_once(target: str) -> None:
+    module = importlib.import_module(target)
+    patch = FakePatch(target)
+    apply(patch)
+    assert module.Runner().classify(0) == "phase"
+
+
+def test_apply_and_remove_are_idempotent(target: str) -> None:
+    module = importlib.import_module(target)
+    patch = FakePatch(target)
+    registry = apply(patch)
+    registry.apply_all(read_settings({}))
+    assert module.Runner().step(3) == 7, "wrapped twice"
+
+    registry.remove_all()
+    registry.remove_all()
+    assert module.Runner().classify(0) == "shape"
+    assert module.Runner().step(3) == 4
+    assert patch.state is PatchState.DISABLED
+
+    registry.apply_all(read_settings({}))
+    assert patch.state is PatchState.APPLIED
+    assert module.Runner().step(3) == 7
+
+
+def test_disable_switch_by_id_and_all(target: str) -> None:
+    module = importlib.import_module(target)
+    for value in ("fake-fix", "other,fake-fix", "all"):
+        patch = FakePatch(target)
+        apply(patch, {"VLLM_GRAPHSAFE_DISABLE": value})
+        assert patch.state is PatchState.DISABLED
+        assert module.Runner().classify(0) == "shape"
+    patch = FakePatch(target)
+    apply(patch, {"VLLM_GRAPHSAFE_DISABLE": "some-other-fix"})
+    assert patch.state is PatchState.APPLIED
+
+
+def test_disabling_an_applied_patch_unwraps_it(target: str) -> None:
+    module = importlib.import_module(target)
+    patch = FakePatch(target)
+    registry = apply(patch)
+    registry.apply_all(read_settings({"VLLM_GRAPHSAFE_DISABLE": "fake-fix"}))
+    assert patch.state is PatchState.DISABLED
+    assert module.Runner().classify(0) == "shape"
+
+
+def test_native_code_is_recognised_and_left_alone(target: str, tmp_path: Path) -> None:
+    patch = FakePatch(target, native_marker='"shape"')
+    apply(patch)
+    assert patch.state is PatchState.NATIVE
+    assert importlib.import_module(target).Runner().classify(0) == "shape"
+
+
+def test_missing_module_is_not_applicable() -> None:
+    patch = FakePatch("graphsafe_no_such_package.runner")
+    apply(patch)
+    assert patch.state is PatchState.NOT_APPLICABLE
+
+
+def test_missing_hook_point_fails_with_one_warning_and_no_crash(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    patch = FakePatch(target, qualnames=("Runner.classify", "Runner.vanished"))
+    with caplog.at_level(logging.WARNING, logger="vllm.graphsafe"):
+        apply(patch)
+    assert patch.state is PatchState.FAILED
+    assert f"{target}.Runner.vanished" in patch.reason
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"{target}.Runner.vanished" in warnings[0].getMessage()
+    module = importlib.import_module(target)
+    assert module.Runner().classify(0) == "shape", "half applied"
+    assert module.Runner().step(3) == 4, "half applied"
+
+
+def test_hook_point_no_longer_called_from_its_caller_fails(
+    target: str, tmp_path: Path
+) -> None:
+    path = tmp_path / target.replace(".", "/")
+    source = path.with_suffix(".py")
+    source.write_text(source.read_text().replace("helper(value) + 1", "value + 1"))
+    patch = FakePatch(target)
+    apply(patch)
+    assert patch.state is PatchState.FAILED
+    assert "no longer called from" in patch.reason
+
+
+def test_strict_mode_turns_failure_into_an_error(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_GRAPHSAFE_STRICT", "1")
+    patch = FakePatch(target, qualnames=("Runner.vanished",))
+    with pytest.raises(PatchFailedError, match="Runner.vanished"):
+        apply(patch, {"VLLM_GRAPHSAFE_STRICT": "1"})
+
+
+def test_symbol_removed_after_the_source_check_fails_at_import(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    patch = FakePatch(target)
+    apply(patch)
+    assert patch.state is PatchState.APPLIED
+    module_name = target
+    # The module rewrites itself on import, as a fork's import-time code might.
+    path = Path(importlib.util.find_spec(module_name).origin)  # type: ignore[union-attr]
+    path.write_text(path.read_text() + "\ndel Runner.classify\n")
+    with caplog.at_level(logging.WARNING, logger="vllm.graphsafe"):
+        module = importlib.import_module(module_name)
+    assert patch.state is PatchState.FAILED
+    assert "Runner.classify" in patch.reason
+    assert module.Runner().step(3) == 4, "half applied"

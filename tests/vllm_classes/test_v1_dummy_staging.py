@@ -1,0 +1,163 @@
+"""Dummy runs that build attention metadata stage lengths and positions that agree.
+
+Observed where vLLM builds the attention metadata of the real ``_dummy_run``.
+On a vLLM without the fix (``VLLM_GRAPHSAFE_DISABLE=all``) positions and
+computed lengths keep the previous step's values and these tests fail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.vllm_classes.v1_dummy import (
+    STALE_POSITION,
+    Snapshot,
+    make_dummy_runner,
+    run_dummy,
+)
+
+
+regression = pytest.mark.regression("v1-dummy-staging")
+
+
+def active_counts(snapshot: Snapshot, num_reqs: int) -> np.ndarray:
+    return np.diff(snapshot.query_start_loc[: num_reqs + 1])
+
+
+def assert_request_invariants(snapshot: Snapshot, num_reqs: int) -> None:
+    scheduled = active_counts(snapshot, num_reqs)
+    seq_lens = snapshot.seq_lens_cpu[:num_reqs].astype(np.int64)
+    computed = snapshot.num_computed[:num_reqs].astype(np.int64)
+    assert (seq_lens == computed + scheduled).all(), (seq_lens, computed, scheduled)
+    assert (computed >= 0).all()
+    req_of_token = np.repeat(np.arange(num_reqs), scheduled)
+    query_pos = np.concatenate([np.arange(n) for n in scheduled])
+    num_tokens = int(scheduled.sum())
+    assert (snapshot.positions[:num_tokens] == computed[req_of_token] + query_pos).all()
+
+
+def assert_mirrors_agree(snapshot: Snapshot) -> None:
+    assert (snapshot.seq_lens_cpu == snapshot.seq_lens_device).all()
+
+
+@regression
+@pytest.mark.parametrize("profile_len", [1, 4, 4096])
+def test_profile_length_with_four_scheduled_tokens(profile_len: int) -> None:
+    runner, record = make_dummy_runner(max_num_seqs=1)
+    run_dummy(runner, 4, force_attention=True, profile_seq_lens=profile_len)
+
+    (snapshot,) = record.snapshots
+    assert_request_invariants(snapshot, 1)
+    assert_mirrors_agree(snapshot)
+    expected_computed = max(profile_len, 4) - 4
+    assert snapshot.num_computed[0] == expected_computed
+    assert snapshot.positions[:4].tolist() == [expected_computed + i for i in range(4)]
+
+
+@regression
+def test_long_profile_length_ends_the_query_at_the_causal_tail() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=1)
+    run_dummy(runner, 4, force_attention=True, profile_seq_lens=4096)
+    (snapshot,) = record.snapshots
+    assert snapshot.seq_lens_cpu[0] == 4096
+    assert snapshot.num_computed[0] == 4092
+    assert snapshot.positions[:4].tolist() == [4092, 4093, 4094, 4095]
+
+
+@regression
+def test_short_override_never_yields_negative_lengths() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=1)
+    run_dummy(runner, 4, force_attention=True, profile_seq_lens=1)
+    (snapshot,) = record.snapshots
+    assert snapshot.num_computed[0] == 0
+    assert (snapshot.positions[:4] >= 0).all()
+    assert snapshot.seq_lens_cpu[0] == snapshot.seq_lens_device[0] == 4
+
+
+@regression
+@pytest.mark.parametrize("num_tokens", [3, 8, 13])
+def test_padded_rows_and_tokens_are_cleared(num_tokens: int) -> None:
+    num_reqs = min(num_tokens, 4)
+    runner, record = make_dummy_runner(
+        max_num_seqs=4, pad_reqs_to=num_reqs + 2, pad_tokens_to=num_tokens + 5
+    )
+    run_dummy(runner, num_tokens, force_attention=True, profile_seq_lens=64)
+
+    (snapshot,) = record.snapshots
+    assert_request_invariants(snapshot, num_reqs)
+    assert_mirrors_agree(snapshot)
+    padded_rows = slice(num_reqs, snapshot.num_reqs_padded)
+    assert (snapshot.num_computed[padded_rows] == 0).all()
+    assert (snapshot.seq_lens_cpu[padded_rows] == 0).all()
+    assert (snapshot.positions[num_tokens : num_tokens + 5] == 0).all()
+
+
+@regression
+def test_full_capture_of_a_uniform_decode_batch() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=8, decode_query_len=4)
+    run_dummy(runner, 11, uniform_decode=True, profile_seq_lens=300)
+    (snapshot,) = record.snapshots
+    assert_request_invariants(snapshot, 3)
+    assert snapshot.positions[8:11].tolist() == [297, 298, 299]
+
+
+@regression
+def test_mixed_dcp_batch_keeps_the_dummy_context_length() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=2, dcp_world_size=2)
+    context_len = 2 * 4
+    run_dummy(runner, 7, create_mixed_batch=True, force_attention=True)
+
+    (snapshot,) = record.snapshots
+    assert active_counts(snapshot, 2).tolist() == [1, 6]
+    assert_request_invariants(snapshot, 2)
+    assert snapshot.num_computed[:2].tolist() == [context_len, context_len]
+    (query_start_loc, positions) = record.slot_mapping_calls[-1]
+    assert query_start_loc.tolist() == [0, 1, 7]
+    assert positions.tolist() == snapshot.positions[:7].tolist()
+    assert positions.max() < snapshot.seq_lens_cpu[1]
+
+
+@regression
+def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=4, decode_query_len=4, dcp_world_size=2)
+    run_dummy(runner, 7, uniform_decode=True, is_graph_capturing=True)
+
+    (snapshot,) = record.snapshots
+    assert active_counts(snapshot, 2).tolist() == [4, 3]
+    assert_request_invariants(snapshot, 2)
+    seq_len = int(snapshot.seq_lens_cpu[1])
+    assert snapshot.positions[4:7].tolist() == [seq_len - 3, seq_len - 2, seq_len - 1]
+    (query_start_loc, positions) = record.slot_mapping_calls[-1]
+    assert query_start_loc.tolist() == [0, 4, 7]
+    assert positions.tolist() == snapshot.positions[:7].tolist()
+
+
+def test_dummy_run_without_attention_metadata_is_unchanged() -> None:
+    runner, record = make_dummy_runner(max_num_seqs=2)
+    runner._determine_batch_execution_and_padding = _piecewise_determine(runner)
+    before = runner.positions.clone()
+    run_dummy(runner, 4)
+    assert record.snapshots == []
+    assert (runner.positions == before).all()
+    assert (runner.positions == STALE_POSITION).all()
+
+
+def test_real_request_computed_counts_survive_a_dummy_run() -> None:
+    real = np.array([120, 7, 33], dtype=np.int32)
+    runner, record = make_dummy_runner(max_num_seqs=4, real_computed=real)
+    before = runner.input_batch.num_computed_tokens_cpu.copy()
+    run_dummy(runner, 8, force_attention=True, profile_seq_lens=4096)
+    assert record.snapshots
+    assert (runner.input_batch.num_computed_tokens_cpu == before).all()
+
+
+def _piecewise_determine(runner: object) -> object:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    def determine(**kwargs: object) -> object:
+        descriptor = BatchDescriptor(num_tokens=kwargs["num_tokens"])  # type: ignore[arg-type]
+        return CUDAGraphMode.NONE, descriptor, False, None, None
+
+    return determine
