@@ -34,7 +34,9 @@ def register() -> None:
         )
         return
     stats.STATS.describe_patches = registry().states
+    stats.STATS.wrapped_patches = registry().wrapped
     stats.configure_from_environment()
+    stats.STATS.flush()
     if first_time:
         _vllm_logger().info("vllm-graphsafe: %s", registry().summary())
 

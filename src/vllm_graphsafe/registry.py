@@ -314,5 +314,8 @@ class Registry:
     def states(self) -> dict[str, str]:
         return {p.id: p.state.value if p.state else "unset" for p in self.patches}
 
+    def wrapped(self) -> list[str]:
+        return [p.id for p in self.patches if p.is_wrapped()]
+
     def summary(self) -> str:
         return ", ".join(f"{p.id}={p.state.value if p.state else 'unset'}" for p in self.patches)

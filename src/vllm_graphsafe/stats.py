@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -41,6 +43,8 @@ class DispatchStats:
         self._registered_exit = False
         #: Returns this process's patch states, written beside the counters.
         self.describe_patches: Callable[[], dict[str, str]] = dict
+        #: Returns the ids of the patches whose wrappers are in place here.
+        self.wrapped_patches: Callable[[], list[str]] = list
 
     def configure(self, directory: str | None) -> None:
         self._directory = Path(directory) if directory else None
@@ -73,7 +77,11 @@ class DispatchStats:
                 json.dumps(
                     {
                         "pid": os.getpid(),
+                        "ppid": os.getppid(),
+                        "process_name": multiprocessing.current_process().name,
+                        "argv": sys.argv[:3],
                         "patches": self.describe_patches(),
+                        "wrapped": self.wrapped_patches(),
                         "counts": self.snapshot(),
                     }
                 )
@@ -90,16 +98,23 @@ def configure_from_environment() -> None:
     STATS.configure(read_settings().stats_dir)
 
 
+def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every process's last written record, in pid order."""
+    records = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return records
+
+
 def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Sum the counters every process wrote into ``directory``."""
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     processes = 0
     patch_states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for path in sorted(Path(directory).glob("*.json")):
-        try:
-            payload = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for payload in read_process_files(directory):
         processes += 1
         for patch, state in payload.get("patches", {}).items():
             patch_states[patch][state] += 1

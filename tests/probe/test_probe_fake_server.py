@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_server import FakeConfig, RunningFakeServer
 
+from tests.probe.fake_server import FakeConfig, RunningFakeServer
 from vllm_graphsafe.cli import probe
 
 # K=3, block 16: boundaries 4, 20, 36 and controls 3, 5, 19, 21, 35, 37.

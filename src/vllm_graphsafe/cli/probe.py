@@ -22,12 +22,22 @@ width of the logits and therefore the bound on sampled ids. When the server
 accepts the request or does not state a size, the ``vocab`` check is skipped and
 the report says so; ``controls`` still compares the boundary with its controls.
 
+Prompts: the user message "Probe <salt>. Reply with OK." through the chat template
+(or as plain text when the model has none), padded with a filler token in front of
+its last four ids to an exact length; a shorter length keeps the instruction's
+tail. The random salt keeps an earlier probe's prefix cache out of the "cold" run.
+
+Every request has a timeout, and the whole probe sends at most ``--max-requests``
+requests: the plan is counted before the first one, and a shared budget stops
+unplanned ones (tokenizing answers that came without token ids).
+
 Only the standard library is used; nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -414,7 +424,8 @@ def check_vocab(
     for sample in samples:
         found = out_of_vocab_ids(sample.output.token_ids, vocab_size)
         if found:
-            bad_phases.append(sample.phase)
+            if sample.phase not in bad_phases:
+                bad_phases.append(sample.phase)
             bad_ids.update(found)
     if bad_ids:
         examples = ", ".join(str(i) for i in sorted(bad_ids)[:5])
@@ -561,7 +572,7 @@ def check_ongoing_decode(
         lengths,
         PASS,
         f"{len(solo.token_ids)} tokens match the solo run with {overlapped_inserts} "
-        f"prompts inserted ({counting})",
+        f"prompts inserted while it ran ({counting})",
     )
 
 
@@ -871,6 +882,7 @@ class ProbeSession:
         self.state = state
         self.settings = state.settings
         self.prompts: dict[int, list[int]] = {}
+        self.decode_tokens = state.settings.decode_tokens
         self._samples_lock = threading.Lock()
 
     @property
@@ -903,6 +915,11 @@ class ProbeSession:
                 f"{self.state.model.max_model_len} of the served model.",
             )
         notes = list(self.state.plan.notes)
+        max_model_len = self.state.model.max_model_len
+        # Room for the counting prompt, which is a few tokens in any tokenizer.
+        if max_model_len is not None and self.decode_tokens > max_model_len - 64:
+            self.decode_tokens = max(max_model_len - 64, 1)
+            notes.append(f"long decode shortened to {self.decode_tokens} tokens")
         for length in self.state.plan.solo_lengths:
             self.prompts[length] = build_prompt(instruction_ids, filler_id, length)
             if length < len(instruction_ids):
@@ -1016,7 +1033,7 @@ class ProbeSession:
         self, phase: str, on_first_token: Callable[[], None] | None = None
     ) -> Completion:
         payload = self._completion_payload(
-            DECODE_PROMPT, self.settings.decode_tokens, stream=True
+            DECODE_PROMPT, self.decode_tokens, stream=True
         )
         pieces: list[str] = []
         ids: list[int] = []
@@ -1032,6 +1049,8 @@ class ProbeSession:
             if not isinstance(choices, list) or not choices:
                 continue
             choice = choices[0]
+            if not isinstance(choice, dict):
+                continue
             text = str(choice.get("text") or "")
             chunk_ids = token_ids_of(choice)
             if chunk_ids is None:
@@ -1067,7 +1086,9 @@ class ProbeSession:
         start_line = threading.Barrier(len(group))
 
         def send(length: int) -> Completion:
-            start_line.wait(timeout=self.settings.timeout)
+            # A late thread only makes the group less simultaneous; send anyway.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                start_line.wait(timeout=self.settings.timeout)
             return self.complete(length, f"together {'+'.join(map(str, group))}")
 
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
@@ -1249,6 +1270,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix-cached runs, concurrent with solo runs, and a long greedy decode of "
         f"{DECODE_PROMPT!r} with and without boundary prompts inserted (with a real "
         "model it should also keep counting). Exit status 0 means every check passed."
+    )
+    parser.epilog = (
+        f"exit status: {EXIT_OK} all checks passed, {EXIT_CHECK_FAILED} a check "
+        f"failed, {EXIT_BAD_ARGUMENT} bad argument, {EXIT_UNREACHABLE} server "
+        f"unreachable, {EXIT_NO_TOKENIZE} no /tokenize endpoint, "
+        f"{EXIT_MODEL_MISMATCH} model mismatch, {EXIT_HTTP_ERROR} HTTP error, "
+        f"{EXIT_TIMEOUT} request timed out, {EXIT_REQUEST_BUDGET} --max-requests "
+        f"too small, {EXIT_BAD_RESPONSE} answer not like vLLM's"
     )
     parser.add_argument(
         "--base-url", required=True, help="server URL, e.g. http://localhost:8000"

@@ -40,7 +40,8 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{{ message['content'] + '<|im_end|>\\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
@@ -54,24 +55,28 @@ REQUIRED_FILES = (
     "special_tokens_map.json",
 )
 
-_COMMON_WORDS = (
-    "the of and to in is it you that he was for on are with as his they be at one have this "
-    "from or had by word but what some we can out other were all there when up use your how "
-    "said an each she which do their time if will way about many then them write would like "
-    "so these her long make thing see him two has look more day could go come did number "
-    "sound no most people my over know water than call first who may down side been now find "
-    "any new work part take get place made live where after back little only round man year "
-    "came show every good me give our under name very through just form sentence great think "
-    "say help low line differ turn cause much mean before move right boy old too same tell "
-    "does set three want air well also play small end put home read hand port large spell add "
-    "even land here must big high such follow act why ask men change went light kind off need "
-    "house picture try us again animal point mother world near build self earth father head "
-    "stand own page should country found answer school grow study still learn plant cover food "
-    "sun four between state keep eye never last let thought city tree cross farm hard start "
-    "might story saw far sea draw left late run while press close night real life few north "
-    "graph cache token model engine batch draft verify accept reject request prompt decode"
-).split()
-_SYLLABLE_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "st", "tr")
+_ENGLISH_TEXT = (
+    "the of and to in is it you that he was for on are with as his they be at one "
+    "have this from or had by word but what some we can out other were all there "
+    "when up use your how said an each she which do their time if will way about "
+    "many then them write would like so these her long make thing see him two has "
+    "look more day could go come did number sound no most people my over know water "
+    "than call first who may down side been now find any new work part take get "
+    "place made live where after back little only round man year came show every "
+    "good me give our under name very through just form sentence great think say "
+    "help low line differ turn cause much mean before move right boy old too same "
+    "tell does set three want air well also play small end put home read hand port "
+    "large spell add even land here must big high such follow act why ask men "
+    "change went light kind off need house picture try us again animal point mother "
+    "world near build self earth father head stand own page should country found "
+    "answer school grow study still learn plant cover food sun four between state "
+    "keep eye never last let thought city tree cross farm hard start might story "
+    "saw far sea draw left late run while press close night real life few north "
+    "graph cache token model engine batch draft verify accept reject request prompt "
+    "decode"
+)
+_COMMON_WORDS = _ENGLISH_TEXT.split()
+_SYLLABLE_ONSETS = (*"bcdfghklmnprstv", "st", "tr")
 _SYLLABLE_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou", "ee")
 _SYLLABLE_CODAS = ("", "n", "r", "s", "t", "l", "ng", "st")
 _PUNCTUATION = (".", ",", "!", "?", ";", ":", " -", "...")
@@ -94,7 +99,9 @@ def is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
 
-def build_tiny_model(cache_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:
+def build_tiny_model(
+    cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
+) -> Path:
     """Return the directory of the tiny model for ``seed``, building it if needed."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / model_dir_name(seed)
@@ -138,7 +145,9 @@ def generate_corpus() -> list[str]:
 def _invent_word(rng: random.Random) -> str:
     syllables = rng.randint(1, 3)
     return "".join(
-        rng.choice(_SYLLABLE_ONSETS) + rng.choice(_SYLLABLE_NUCLEI) + rng.choice(_SYLLABLE_CODAS)
+        rng.choice(_SYLLABLE_ONSETS)
+        + rng.choice(_SYLLABLE_NUCLEI)
+        + rng.choice(_SYLLABLE_CODAS)
         for _ in range(syllables)
     )
 
@@ -252,9 +261,13 @@ def _write_model(out_dir: Path, seed: int) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    tokenizer_spec = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer_spec = json.loads(
+        (out_dir / "tokenizer.json").read_text(encoding="utf-8")
+    )
     vocab_size = len(tokenizer_spec["model"]["vocab"])
-    token_ids = {entry["content"]: entry["id"] for entry in tokenizer_spec["added_tokens"]}
+    token_ids = {
+        entry["content"]: entry["id"] for entry in tokenizer_spec["added_tokens"]
+    }
 
     generator = np.random.default_rng(seed)
     weights: dict[str, Any] = {}
@@ -262,7 +275,9 @@ def _write_model(out_dir: Path, seed: int) -> None:
         if name.endswith("norm.weight"):
             weights[name] = np.ones(shape, dtype=np.float32)
         else:
-            weights[name] = generator.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_STD)
+            weights[name] = generator.standard_normal(
+                shape, dtype=np.float32
+            ) * np.float32(WEIGHT_STD)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     _write_json(out_dir / "config.json", qwen3_config(vocab_size, token_ids))
@@ -282,7 +297,9 @@ def _make_world_readable(directory: Path) -> None:
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 if __name__ == "__main__":

