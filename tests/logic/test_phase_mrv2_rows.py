@@ -1,11 +1,15 @@
-"""The row helpers Model Runner V2's phase scan uses: few rows in prefill, owned or not."""
+"""Row helpers of the Model Runner V2 phase scan: rows in prefill, and their owners."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.phase import any_row_scheduled, rows_in_prefill, rows_past_prefill
+from vllm_graphsafe.logic.phase import (
+    any_row_scheduled,
+    rows_in_prefill,
+    rows_past_prefill,
+)
 
 
 @pytest.mark.parametrize(
@@ -18,7 +22,9 @@ from vllm_graphsafe.logic.phase import any_row_scheduled, rows_in_prefill, rows_
         ([0, 0, 0], [0, 0, 1], [2]),  # unused rows have zero prompts
     ],
 )
-def test_rows_in_prefill(computed: list[int], prompt: list[int], rows: list[int]) -> None:
+def test_rows_in_prefill(
+    computed: list[int], prompt: list[int], rows: list[int]
+) -> None:
     found = rows_in_prefill(np.array(computed, np.int32), np.array(prompt, np.int32))
     assert found.tolist() == rows
 
@@ -28,7 +34,9 @@ def test_rows_in_prefill_agrees_with_rows_past_prefill(seed: int) -> None:
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, 20, size=64).astype(np.int32)
     computed = (prompt + rng.integers(-3, 3, size=64)).clip(0).astype(np.int32)
-    assert rows_past_prefill(computed, prompt) == (rows_in_prefill(computed, prompt).size == 0)
+    assert rows_past_prefill(computed, prompt) == (
+        rows_in_prefill(computed, prompt).size == 0
+    )
 
 
 def test_scheduled_owner_of_a_prefill_row_counts() -> None:

@@ -48,7 +48,7 @@ SPECULATORS = (
 )
 
 
-class ReachedDispatch(Exception):  # noqa: N818 - a sentinel, not an error
+class ReachedDispatch(Exception):
     """Raised by the recorders: the step got as far as the test needed."""
 
 
@@ -129,13 +129,20 @@ def request_state(num_speculative_steps: int) -> Any:
         num_computed_tokens_np=np.zeros(MAX_REQS, dtype=np.int32),
         max_seq_len=np.zeros(MAX_REQS, dtype=np.int32),
         draft_tokens=torch.zeros(MAX_REQS, max(num_speculative_steps, 1)),
+        last_sampled_tokens=torch.zeros(MAX_REQS, 1, dtype=torch.int64),
         reads=None,
     )
     return state
 
 
 def _add(state: Any, req_id: str, prefill_len: int, computed: int) -> None:
-    state.add_request(req_id, prefill_len, list(range(prefill_len)), computed, 64)
+    """The release's own ``add_request`` (0.22 takes no ``max_tokens``)."""
+    extra = (
+        {"max_tokens": 64}
+        if "max_tokens" in inspect.signature(state.add_request).parameters
+        else {}
+    )
+    state.add_request(req_id, prefill_len, list(range(prefill_len)), computed, **extra)
 
 
 def leave_gaps(state: Any) -> None:
@@ -193,6 +200,8 @@ def scheduler_output(reqs: dict[str, Req]) -> SimpleNamespace:
         finished_req_ids=set(),
         aux_output_connector_metadata=None,
         has_structured_output_requests=False,
+        encoder_input_updates={},
+        skip_drafts=False,
     )
 
 
@@ -203,6 +212,7 @@ def dummy_scheduler_output(num_reqs: int, width: int) -> SimpleNamespace:
         total_num_scheduled_tokens=num_reqs * width,
         scheduled_spec_decode_tokens={},
         scheduled_encoder_inputs={},
+        skip_drafts=False,
     )
 
 
@@ -275,6 +285,7 @@ def make_step(
         pcp_manager=None,
         ubatch_runner=None,
         aux_output_connector=None,
+        encoder_cache=None,
         kv_block_zeroer=None,
         block_tables=SimpleNamespace(
             apply_staged_writes=nothing, append_block_ids=nothing
@@ -386,9 +397,7 @@ def input_batch(step: Step, **overrides: Any) -> Any:
     req_ids = phase["req_ids"]
     num_reqs = len(req_ids)
     scheduled = np.asarray(phase["num_scheduled_tokens"], dtype=np.int32)
-    computed = np.array(
-        [step.reqs[rid].computed for rid in req_ids], dtype=np.int32
-    )
+    computed = np.array([step.reqs[rid].computed for rid in req_ids], dtype=np.int32)
     drafts = np.array([step.reqs[rid].drafts for rid in req_ids], dtype=np.int32)
     query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(scheduled, out=query_start_loc_np[1:])
@@ -450,13 +459,20 @@ _STUBBED_METHODS = (
     "_prepare_inputs",
     "_prepare_eplb_forward",
     "_prefill",
+    "prefill",
     "on_prefill_begin",
     "on_prefill_end",
     "_generate_drafts",
     "_multi_step_decode",
+    "multi_step_decode",
 )
 #: Module-level Triton launchers on the way to dispatch.
-_STUBBED_FUNCTIONS = ("prepare_prefill_inputs", "prepare_decode_inputs")
+_STUBBED_FUNCTIONS = (
+    "prepare_prefill_inputs",
+    "prepare_decode_inputs",
+    "prepare_eagle_inputs",
+    "prepare_eagle_decode",
+)
 
 
 def make_speculator(
@@ -500,11 +516,17 @@ def make_speculator(
         last_token_indices=torch.zeros(MAX_REQS, dtype=torch.int64),
         current_draft_step=torch.tensor(0, dtype=torch.int64),
         idx_mapping=torch.zeros(MAX_REQS, dtype=torch.int32),
+        temperature=torch.zeros(MAX_REQS),
+        seeds=torch.zeros(MAX_REQS, dtype=torch.int64),
         prefill_cudagraph_manager=None,
         decode_cudagraph_manager=None,
         cudagraph_manager=None,
         pcp_manager=None,
         supports_mm_inputs=False,
+        # 0.33 reads max_model_len through a property over vllm_config.
+        vllm_config=SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=MAX_TOKENS)
+        ),
     )
     for name in _STUBBED_METHODS:
         if hasattr(cls, name):

@@ -70,7 +70,10 @@ def the_patch() -> Any:
 def _decodes(w: int, n: int = 3, prefix: str = "decode") -> dict[str, Req]:
     return {
         f"{prefix}-{i}": Req(
-            prefill_len=20 + i, computed=30 + 5 * i, scheduled=w, drafts=w - 1,
+            prefill_len=20 + i,
+            computed=30 + 5 * i,
+            scheduled=w,
+            drafts=w - 1,
             previous=29 + 5 * i,
         )
         for i in range(n)
@@ -100,8 +103,7 @@ def fully_computed(w: int) -> dict[str, Req]:
     # The prompts' last chunks ran in the previous step: before this step's
     # state update the runner still has them in prefill, after it they are done.
     return {
-        f"done-{i}": Req(40 + i, 40 + i, w, drafts=w - 1, previous=32)
-        for i in range(2)
+        f"done-{i}": Req(40 + i, 40 + i, w, drafts=w - 1, previous=32) for i in range(2)
     }
 
 
@@ -209,7 +211,9 @@ def target_dispatch(monkeypatch: pytest.MonkeyPatch) -> DispatchRecorder:
 # -- target dispatch -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("scenario", "width"), scenario_params(list(SCENARIOS), WIDTHS))
+@pytest.mark.parametrize(
+    ("scenario", "width"), scenario_params(list(SCENARIOS), WIDTHS)
+)
 def test_target_dispatch_receives_the_phase_aware_count(
     scenario: str, width: int, target_dispatch: DispatchRecorder
 ) -> None:
@@ -312,9 +316,13 @@ def draft_step(reqs: dict[str, Req], width: int, gaps: bool = False) -> Any:
 
 
 @pytest.mark.parametrize("speculator", SPECULATORS, ids=SPECULATOR_IDS)
-@pytest.mark.parametrize(("scenario", "width"), scenario_params(DRAFT_SCENARIOS, WIDTHS))
+@pytest.mark.parametrize(
+    ("scenario", "width"), scenario_params(DRAFT_SCENARIOS, WIDTHS)
+)
 def test_draft_prefill_dispatch_receives_the_phase_aware_count(
-    speculator: tuple[str, str], scenario: str, width: int,
+    speculator: tuple[str, str],
+    scenario: str,
+    width: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     make_reqs, gaps = SCENARIOS[scenario]
@@ -343,7 +351,9 @@ def test_draft_dummy_capture_keeps_the_shape_rule(
 @pytest.mark.parametrize("shape", sorted(NON_UNIFORM_SHAPES))
 @pytest.mark.parametrize("width", WIDTHS)
 def test_draft_non_uniform_batches_skip_the_scan(
-    speculator: tuple[str, str], shape: str, width: int,
+    speculator: tuple[str, str],
+    shape: str,
+    width: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     columns = ("prefill_len_np", "num_computed_prefill_tokens_np", "is_prefilling_np")
@@ -385,7 +395,9 @@ def test_draft_decode_steps_keep_their_width_one_count(
     ("scenario", "width"), scenario_params(["fresh_prompts", "all_decode"], WIDTHS)
 )
 def test_draft_dp_dispatch_receives_the_phase_aware_count(
-    speculator: tuple[str, str], scenario: str, width: int,
+    speculator: tuple[str, str],
+    scenario: str,
+    width: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reqs = SCENARIOS[scenario][0](width)
@@ -449,7 +461,11 @@ def test_hooks_are_wrapped_once_their_modules_are_imported() -> None:
     patch = the_patch()
     if patch.state is PatchState.APPLIED:
         hooks = patch.hook_points()
-        bare = [h.symbol for h in hooks if not isinstance(_resolve(h), wrapt.FunctionWrapper)]
+        bare = [
+            h.symbol
+            for h in hooks
+            if not isinstance(_resolve(h), wrapt.FunctionWrapper)
+        ]
         assert bare == []
     else:
         runner = importlib.import_module(RUNNER_MODULE).GPUModelRunner
@@ -462,7 +478,8 @@ def test_hook_points_cover_the_release_shape_only_speculators() -> None:
     shape_only = {
         module
         for module, name in SPECULATORS
-        if "get_uniform_token_count(" in (sources.function(module, f"{name}.propose") or "")
+        if "get_uniform_token_count("
+        in (sources.function(module, f"{name}.propose") or "")
     }
     assert shape_only <= hooked
     assert all(sources.exists(module) for module in hooked)
@@ -500,7 +517,7 @@ def test_decisions_are_counted_in_stats(monkeypatch: pytest.MonkeyPatch) -> None
 # -- layouts, judged by source text ---------------------------------------------
 
 _SPEC = "vllm.v1.worker.gpu.spec_decode"
-_RUNNER_SOURCE = '''
+_RUNNER_SOURCE = """
 from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
 
 
@@ -508,28 +525,31 @@ class GPUModelRunner:
     def execute_model(self, scheduler_output, dummy_run=False):
         count = get_uniform_token_count(1, 1, 1)
         return dispatch_cg_and_sync_dp(count)
-'''
-_NATIVE_RUNNER_SOURCE = '''
+"""
+_NATIVE_RUNNER_SOURCE = """
 class GPUModelRunner:
     def execute_model(self, scheduler_output, dummy_run=False):
         state, count = self.gather_batch_req_state(scheduler_output, dummy_run)
         return dispatch_cg_and_sync_dp(count)
-'''
+"""
 
 
 def _speculator_source(name: str, shape_rule: bool = True) -> str:
     call = "get_uniform_token_count(1, 1, 1)" if shape_rule else "None"
     return (
-        "from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count\n"
-        if shape_rule
-        else ""
-    ) + f'''
+        (
+            "from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count\n"
+            if shape_rule
+            else ""
+        )
+        + f"""
 
 class {name}:
     def propose(self, input_batch, dummy_run=False):
         uniform_token_count = {call}
         return dispatch_cg_and_sync_dp(uniform_token_count)
-'''
+"""
+    )
 
 
 class FakeSources(SourceReader):

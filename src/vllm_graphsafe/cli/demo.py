@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_graphsafe.cli import doctor, probe
     from vllm_graphsafe.cli.main import build_parser
     from vllm_graphsafe.stats import read_stats_dir
-    from vllm_graphsafe.testing.engine import server_command
+    from vllm_graphsafe.testing.engine import BLOCK_SIZE, CPU_ENV, server_command
     from vllm_graphsafe.testing.tiny_model import build_tiny_model
 
     cache_dir = Path(args.cache_dir or Path.cwd() / ".cache" / "vllm-graphsafe")
@@ -104,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
     base_url = f"http://127.0.0.1:{port}"
     stats_dir = tempfile.mkdtemp(prefix="graphsafe-stats-")
     env = {
+        **CPU_ENV,
         **os.environ,
         STATS_DIR_ENV: stats_dir,
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-        "HF_HUB_OFFLINE": "1",
     }
     if args.without_plugin:
         env["VLLM_GRAPHSAFE_DISABLE"] = "all"
@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
             base_url,
             "--num-speculative-tokens",
             str(args.num_speculative_tokens),
+            "--block-size",
+            str(BLOCK_SIZE),
         ]
         if args.json:
             probe_argv += ["--json", args.json]

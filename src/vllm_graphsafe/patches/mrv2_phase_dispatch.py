@@ -1,4 +1,4 @@
-"""Model Runner V2: a uniform batch is decode only when no scheduled request is in prefill.
+"""MRV2: a uniform batch is decode only when no scheduled request is in prefill.
 
 What it changes
     ``GPUModelRunner.execute_model`` (``vllm/v1/worker/gpu/model_runner.py``)
@@ -140,7 +140,11 @@ def _argument(
         if parameter.name == name:
             if index < len(args):
                 return args[index]
-            return None if parameter.default is inspect.Parameter.empty else parameter.default
+            return (
+                None
+                if parameter.default is inspect.Parameter.empty
+                else parameter.default
+            )
     return None
 
 

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 MAX_MODEL_LEN = 2048
-BLOCK_SIZE = 16
+BLOCK_SIZE = 128
+#: Environment for any process that runs the tiny model on vLLM's CPU backend.
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 def speculative_config(num_speculative_tokens: int) -> dict[str, Any]:
@@ -27,7 +33,7 @@ def speculative_config(num_speculative_tokens: int) -> dict[str, Any]:
 def engine_kwargs(num_speculative_tokens: int = 3) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` / the engine args."""
     return {
-        "dtype": "bfloat16",
+        "dtype": "float32",
         "enforce_eager": True,
         "max_model_len": MAX_MODEL_LEN,
         "block_size": BLOCK_SIZE,

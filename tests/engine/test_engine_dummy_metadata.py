@@ -1,0 +1,83 @@
+"""A real engine's dummy runs leave consistent metadata, and generation unchanged.
+
+With the plugin disabled the same dummy runs stage lengths that disagree with
+their positions and computed lengths (the bug, on the real engine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.engine
+SCRIPT = Path(__file__).with_name("dummy_metadata.py")
+
+
+def run_engine(model_dir: Path, plugin: bool) -> dict[str, Any]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env.pop("VLLM_GRAPHSAFE_DISABLE", None)
+    if not plugin:
+        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def inconsistencies(build: dict[str, Any]) -> list[str]:
+    """Every way a staged dummy batch breaks the invariants of a real batch."""
+    problems = []
+    offsets = build["query_start_loc"]
+    scheduled = [b - a for a, b in zip(offsets, offsets[1:])]
+    if build["seq_lens_cpu"] != build["seq_lens_device"]:
+        problems.append("CPU and device seq_lens differ")
+    for req, count in enumerate(scheduled):
+        seq_len, computed = build["seq_lens_cpu"][req], build["num_computed"][req]
+        if count == 0:
+            if computed != 0:
+                problems.append(f"padded row {req} has computed length {computed}")
+            continue
+        if computed < 0 or seq_len != computed + count:
+            problems.append(f"row {req}: seq_len {seq_len} != {computed} + {count}")
+        tokens = build["positions"][offsets[req] : offsets[req] + count]
+        if tokens != list(range(computed, computed + count)):
+            problems.append(f"row {req}: positions {tokens[:4]}... not from {computed}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path) -> dict[str, Any]:
+    return {"on": run_engine(tiny_model, True), "off": run_engine(tiny_model, False)}
+
+
+def test_every_dummy_build_is_consistent(runs: dict[str, Any]) -> None:
+    builds = [b for s in runs["on"]["snapshots"] for b in s["builds"]]
+    assert len(builds) >= len(runs["on"]["snapshots"])
+    assert [problem for b in builds for problem in inconsistencies(b)] == []
+
+
+def test_long_profile_length_puts_the_query_at_the_tail(runs: dict[str, Any]) -> None:
+    (build,) = runs["on"]["snapshots"][0]["builds"]
+    assert build["seq_lens_cpu"][0] == 4096
+    assert build["positions"][:4] == [4092, 4093, 4094, 4095]
+
+
+def test_generation_is_unchanged_by_the_dummy_runs(runs: dict[str, Any]) -> None:
+    assert runs["on"]["after"] == runs["on"]["before"]
+
+
+def test_without_the_plugin_dummy_metadata_is_inconsistent(runs: dict[str, Any]) -> None:
+    builds = [b for s in runs["off"]["snapshots"] for b in s["builds"]]
+    assert any(inconsistencies(b) for b in builds)

@@ -1,0 +1,69 @@
+"""The plugin loads through its entry point in every vLLM process, and can be kept out.
+
+Every process that loads the plugin writes a record into the statistics
+directory; the records say which process it was, the patch states there,
+and which patches have their wrappers in place.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.server import running_server
+from vllm_graphsafe.stats import read_process_files
+
+pytestmark = pytest.mark.engine
+V1_PATCHES = {"v1-phase-dispatch", "v1-dummy-staging"}
+
+
+def serve_once(
+    model_dir: Path, workdir: Path, env: dict[str, str], extra_args: list[str] = ()  # type: ignore[assignment]
+) -> tuple[int, list[dict[str, Any]]]:
+    stats_dir = workdir / "stats"
+    env = {**env, "VLLM_GRAPHSAFE_STATS_DIR": str(stats_dir)}
+    with running_server(model_dir, workdir, env=env, extra_args=extra_args) as server:
+        answer = server.complete([5, 6, 7, 8], max_tokens=8)
+        assert answer["choices"][0]["text"] is not None
+        time.sleep(1.5)
+        api_server_pid = server.process.pid
+    return api_server_pid, read_process_files(stats_dir) if stats_dir.exists() else []
+
+
+def test_plugin_runs_in_api_server_engine_core_and_worker(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    api_pid, records = serve_once(
+        tiny_model, tmp_path, {}, ["--distributed-executor-backend", "mp"]
+    )
+    by_pid = {record["pid"]: record for record in records}
+    assert api_pid in by_pid, "the API server process did not load the plugin"
+    engine_cores = [r for r in records if r["process_name"].startswith("EngineCore")]
+    workers = [r for r in records if "Worker" in r["process_name"]]
+    assert engine_cores, "no engine core process loaded the plugin"
+    assert workers, "no worker process loaded the plugin"
+    assert workers[0]["ppid"] == engine_cores[0]["pid"]
+
+    for record in records:
+        assert set(record["patches"].values()) <= {"applied", "native"}
+    assert V1_PATCHES <= set(workers[0]["wrapped"])
+    assert workers[0]["counts"]["v1-phase-dispatch"], "the worker dispatched nothing"
+    # The API server never imports the runner, so it wraps nothing there.
+    assert by_pid[api_pid]["wrapped"] == []
+
+
+def test_vllm_plugins_filter_keeps_it_out(tiny_model: Path, tmp_path: Path) -> None:
+    _, records = serve_once(tiny_model, tmp_path, {"VLLM_PLUGINS": "no_such_plugin"})
+    assert records == []
+
+
+def test_disable_switch_keeps_it_out(tiny_model: Path, tmp_path: Path) -> None:
+    _, records = serve_once(tiny_model, tmp_path, {"VLLM_GRAPHSAFE_DISABLE": "all"})
+    assert len(records) >= 2, "expected the API server and engine core records"
+    for record in records:
+        assert set(record["patches"].values()) == {"disabled"}
+        assert record["wrapped"] == []
+        assert record["counts"] == {}
