@@ -74,10 +74,12 @@ class Patch:
     reason: str = field(default="", init=False)
     _wrapped: list[tuple[Any, str, Any]] = field(default_factory=list, init=False)
     _armed: set[str] = field(default_factory=set, init=False)
+    _source_reader: SourceReader | None = field(default=None, init=False)
 
     # -- what a concrete patch provides -------------------------------------
 
     def hook_points(self) -> list[HookPoint]:
+        """The hook points in this release; ``self.sources`` tells which exist."""
         raise NotImplementedError
 
     def native_reason(self, sources: SourceReader) -> str | None:
@@ -86,11 +88,18 @@ class Patch:
 
     # -- lifecycle ------------------------------------------------------------
 
+    @property
+    def sources(self) -> SourceReader:
+        if self._source_reader is None:
+            self._source_reader = SourceReader()
+        return self._source_reader
+
     def hook_modules(self) -> list[str]:
         return sorted({hook.module for hook in self.hook_points()})
 
     def decide(self, settings: Settings, sources: SourceReader) -> None:
         """Settle the state from settings and source text, wrapping nothing."""
+        self._source_reader = sources
         if settings.is_disabled(self.id):
             self._set(PatchState.DISABLED, f"disabled by {_disable_env()}")
             return
@@ -107,7 +116,8 @@ class Patch:
         if missing is not None:
             self._set(PatchState.FAILED, missing)
             return
-        self._set(PatchState.APPLIED, "")
+        modules = ", ".join(self.hook_modules())
+        self._set(PatchState.APPLIED, f"wraps {modules} when imported")
 
     def arm(self) -> None:
         """Wrap each hook module now if imported, else when it is imported."""
@@ -136,7 +146,7 @@ class Patch:
                 )
                 wrapt.wrap_function_wrapper(parent, attr, hook.wrapper)
                 self._wrapped.append((parent, attr, original))
-        self.reason = f"wraps {len(self._wrapped)} hook point(s)"
+        self.reason = f"wrapped {len(self._wrapped)} hook point(s)"
 
     def remove(self) -> None:
         """Restore every wrapped attribute; the patch can be applied again."""

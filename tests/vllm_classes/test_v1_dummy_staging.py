@@ -21,6 +21,18 @@ from tests.vllm_classes.v1_dummy import (
 regression = pytest.mark.regression("v1-dummy-staging")
 
 
+def release_stages_dcp_dummy_context() -> bool:
+    import vllm.v1.worker.cp_utils as cp_utils
+
+    return hasattr(cp_utils, "prepare_dcp_dummy_context_metadata")
+
+
+needs_dcp_dummy_context = pytest.mark.skipif(
+    not release_stages_dcp_dummy_context(),
+    reason="this vLLM release has no DCP dummy-context staging (added in 0.27)",
+)
+
+
 def active_counts(snapshot: Snapshot, num_reqs: int) -> np.ndarray:
     return np.diff(snapshot.query_start_loc[: num_reqs + 1])
 
@@ -43,8 +55,9 @@ def assert_mirrors_agree(snapshot: Snapshot) -> None:
 
 @regression
 @pytest.mark.parametrize("profile_len", [1, 4, 4096])
-def test_profile_length_with_four_scheduled_tokens(profile_len: int) -> None:
-    runner, record = make_dummy_runner(max_num_seqs=1)
+def test_profile_length_with_four_scheduled_tokens(profile_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=profile_len)
 
     (snapshot,) = record.snapshots
@@ -56,8 +69,9 @@ def test_profile_length_with_four_scheduled_tokens(profile_len: int) -> None:
 
 
 @regression
-def test_long_profile_length_ends_the_query_at_the_causal_tail() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=1)
+def test_long_profile_length_ends_the_query_at_the_causal_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=4096)
     (snapshot,) = record.snapshots
     assert snapshot.seq_lens_cpu[0] == 4096
@@ -66,8 +80,9 @@ def test_long_profile_length_ends_the_query_at_the_causal_tail() -> None:
 
 
 @regression
-def test_short_override_never_yields_negative_lengths() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=1)
+def test_short_override_never_yields_negative_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=1)
     (snapshot,) = record.snapshots
     assert snapshot.num_computed[0] == 0
@@ -77,9 +92,10 @@ def test_short_override_never_yields_negative_lengths() -> None:
 
 @regression
 @pytest.mark.parametrize("num_tokens", [3, 8, 13])
-def test_padded_rows_and_tokens_are_cleared(num_tokens: int) -> None:
+def test_padded_rows_and_tokens_are_cleared(num_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
     num_reqs = min(num_tokens, 4)
     runner, record = make_dummy_runner(
+        monkeypatch, 
         max_num_seqs=4, pad_reqs_to=num_reqs + 2, pad_tokens_to=num_tokens + 5
     )
     run_dummy(runner, num_tokens, force_attention=True, profile_seq_lens=64)
@@ -94,8 +110,9 @@ def test_padded_rows_and_tokens_are_cleared(num_tokens: int) -> None:
 
 
 @regression
-def test_full_capture_of_a_uniform_decode_batch() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=8, decode_query_len=4)
+def test_full_capture_of_a_uniform_decode_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=8, decode_query_len=4)
     run_dummy(runner, 11, uniform_decode=True, profile_seq_lens=300)
     (snapshot,) = record.snapshots
     assert_request_invariants(snapshot, 3)
@@ -103,8 +120,10 @@ def test_full_capture_of_a_uniform_decode_batch() -> None:
 
 
 @regression
-def test_mixed_dcp_batch_keeps_the_dummy_context_length() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=2, dcp_world_size=2)
+@needs_dcp_dummy_context
+def test_mixed_dcp_batch_keeps_the_dummy_context_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=2, dcp_world_size=2)
     context_len = 2 * 4
     run_dummy(runner, 7, create_mixed_batch=True, force_attention=True)
 
@@ -119,8 +138,10 @@ def test_mixed_dcp_batch_keeps_the_dummy_context_length() -> None:
 
 
 @regression
-def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=4, decode_query_len=4, dcp_world_size=2)
+@needs_dcp_dummy_context
+def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=4, decode_query_len=4, dcp_world_size=2)
     run_dummy(runner, 7, uniform_decode=True, is_graph_capturing=True)
 
     (snapshot,) = record.snapshots
@@ -133,8 +154,9 @@ def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request() -> None:
     assert positions.tolist() == snapshot.positions[:7].tolist()
 
 
-def test_dummy_run_without_attention_metadata_is_unchanged() -> None:
-    runner, record = make_dummy_runner(max_num_seqs=2)
+def test_dummy_run_without_attention_metadata_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=2)
     runner._determine_batch_execution_and_padding = _piecewise_determine(runner)
     before = runner.positions.clone()
     run_dummy(runner, 4)
@@ -143,9 +165,10 @@ def test_dummy_run_without_attention_metadata_is_unchanged() -> None:
     assert (runner.positions == STALE_POSITION).all()
 
 
-def test_real_request_computed_counts_survive_a_dummy_run() -> None:
+def test_real_request_computed_counts_survive_a_dummy_run(monkeypatch: pytest.MonkeyPatch) -> None:
     real = np.array([120, 7, 33], dtype=np.int32)
-    runner, record = make_dummy_runner(max_num_seqs=4, real_computed=real)
+    runner, record = make_dummy_runner(
+        monkeypatch, max_num_seqs=4, real_computed=real)
     before = runner.input_batch.num_computed_tokens_cpu.copy()
     run_dummy(runner, 8, force_attention=True, profile_seq_lens=4096)
     assert record.snapshots

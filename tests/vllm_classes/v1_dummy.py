@@ -66,7 +66,21 @@ class FakeMultiGroupBlockTable:
         )
 
 
+def replace_original(
+    monkeypatch: Any, owner: type, name: str, replacement: Any
+) -> None:
+    """Swap the original method, beneath any wrapper the plugin put around it."""
+    import wrapt
+
+    current = owner.__dict__[name]
+    if isinstance(current, wrapt.FunctionWrapper):
+        monkeypatch.setattr(current, "__wrapped__", replacement)
+    else:
+        monkeypatch.setattr(owner, name, replacement)
+
+
 def make_dummy_runner(
+    monkeypatch: Any,
     *,
     max_num_seqs: int,
     decode_query_len: int = 1,
@@ -81,6 +95,10 @@ def make_dummy_runner(
     from vllm.v1.utils import CpuGpuBuffer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    import vllm.v1.utils
+
+    # CUDA builds pin host buffers before each copy; there is no driver here.
+    monkeypatch.setattr(vllm.v1.utils, "PIN_MEMORY", False, raising=False)
     record = DummyRunRecord()
     runner = object.__new__(GPUModelRunner)
     rows = max_num_seqs + 4
@@ -99,7 +117,7 @@ def make_dummy_runner(
         )
         return CUDAGraphMode.FULL, descriptor, False, None, None
 
-    def build_attention_metadata(**kwargs: Any) -> Any:
+    def build_attention_metadata(_runner: Any, **kwargs: Any) -> Any:
         record.snapshots.append(
             Snapshot(
                 seq_lens_cpu=runner.optimistic_seq_lens_cpu.numpy().copy(),
@@ -143,8 +161,10 @@ def make_dummy_runner(
         ),
         _determine_batch_execution_and_padding=determine,
         _get_slot_mappings=lambda **_: (None, None),
-        _build_attention_metadata=build_attention_metadata,
         maybe_dummy_run_with_lora=stop,
+    )
+    replace_original(
+        monkeypatch, GPUModelRunner, "_build_attention_metadata", build_attention_metadata
     )
     if dcp_world_size > 1:
         runner.kv_cache_config = SimpleNamespace(num_blocks=32)

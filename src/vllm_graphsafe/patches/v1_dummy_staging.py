@@ -43,6 +43,7 @@ from vllm_graphsafe.registry import HookPoint, Patch, SourceReader
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 DUMMY_RUN = "GPUModelRunner._dummy_run"
 DCP_HELPER = "prepare_dcp_dummy_context_metadata"
+BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
 PATCH_ID = "v1-dummy-staging"
 
 _ACTIVE_DUMMY_RUNNER: contextvars.ContextVar[Any] = contextvars.ContextVar(
@@ -126,6 +127,24 @@ def staged_dcp_helper(
     return wrapped(*args, **kwargs)
 
 
+def staged_metadata_build(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if _ACTIVE_DUMMY_RUNNER.get() is not instance or args:
+        return wrapped(*args, **kwargs)
+    num_reqs_padded = kwargs["num_reqs"]
+    seq_lens = instance.optimistic_seq_lens_cpu[:num_reqs_padded].numpy()
+    stage_runner_dummy_batch(
+        instance,
+        num_reqs=int(np.count_nonzero(seq_lens)),
+        num_tokens=kwargs["num_tokens"],
+        query_start_loc=instance.query_start_loc,
+        positions=instance.positions,
+    )
+    stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
+    return wrapped(*args, **kwargs)
+
+
 class V1DummyStagingPatch(Patch):
     def __init__(self) -> None:
         super().__init__(
@@ -138,10 +157,16 @@ class V1DummyStagingPatch(Patch):
         )
 
     def hook_points(self) -> list[HookPoint]:
-        return [
-            HookPoint(RUNNER_MODULE, DUMMY_RUN, consistent_dummy_run),
-            HookPoint(RUNNER_MODULE, DCP_HELPER, staged_dcp_helper, caller=DUMMY_RUN),
-        ]
+        dummy_run = self.sources.function(RUNNER_MODULE, DUMMY_RUN) or ""
+        if f"{DCP_HELPER}(" in dummy_run:
+            staging = HookPoint(RUNNER_MODULE, DCP_HELPER, staged_dcp_helper, DUMMY_RUN)
+        else:
+            # Releases before DCP dummy support (0.22) stage right before the
+            # metadata build, the first point after the seq_lens are written.
+            staging = HookPoint(
+                RUNNER_MODULE, BUILD_METADATA, staged_metadata_build, DUMMY_RUN
+            )
+        return [HookPoint(RUNNER_MODULE, DUMMY_RUN, consistent_dummy_run), staging]
 
     def native_reason(self, sources: SourceReader) -> str | None:
         body = sources.function(RUNNER_MODULE, DUMMY_RUN) or ""
