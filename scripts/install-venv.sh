@@ -8,9 +8,9 @@
 #   DEST          the venv directory
 #
 # Idempotent: a venv that already imports that release is only refreshed with
-# the project. Wheels are kept in WHEELHOUSE (default: the user cache), because
-# the package registry here sends no cache headers and pip's own HTTP cache
-# would download the multi-GB CUDA builds again on every run.
+# the project. (A local wheelhouse was tried for the multi-GB CUDA builds and
+# measured slower than a plain install here: unpacking, not downloading,
+# dominates on two cores.)
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
@@ -22,7 +22,6 @@ VERSION=$2
 DEST=$3
 PYTHON=${PYTHON:-python3.11}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-WHEELHOUSE=${WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-graphsafe/wheelhouse}
 
 log() { echo "[install-venv $DIST==$VERSION] $*" >&2; }
 
@@ -46,13 +45,9 @@ if has_release; then
 else
     rm -rf "$DEST"
     "$PYTHON" -m venv "$DEST"
-    mkdir -p "$WHEELHOUSE"
-    log "downloading into $WHEELHOUSE (files already there are reused)"
-    "$DEST/bin/pip" download -q --progress-bar off -d "$WHEELHOUSE" "${PACKAGES[@]}" 2>&1 \
+    log "installing ${PACKAGES[*]}"
+    "$DEST/bin/pip" install -q --progress-bar off "${PACKAGES[@]}" 2>&1 \
         | grep -v "^WARNING: Location" || true
-    log "installing"
-    "$DEST/bin/pip" install -q --progress-bar off --no-index --find-links "$WHEELHOUSE" \
-        "${PACKAGES[@]}" 2>&1 | grep -v "^WARNING: Location" || true
     # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
     # nothing here needs them.
     "$DEST/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -25,6 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 INDEPENDENT_TESTS = ["tests/logic", "tests/registry", "tests/probe"]
+LIGHT_ENGINE_TESTS = [
+    "tests/engine/test_engine_dispatch.py",
+    "tests/engine/test_engine_dummy_metadata.py",
+]
 
 
 @dataclass
@@ -149,8 +153,13 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("venvs", nargs="+", type=Path)
-    parser.add_argument("--skip-engine", action="append", default=[], type=Path,
-                        help="a venv whose engine tests are not run")
+    parser.add_argument(
+        "--light-engine",
+        action="append",
+        default=[],
+        type=Path,
+        help="a venv that runs only the engine tests showing each bug and its fix",
+    )
     args = parser.parse_args()
     totals = Totals()
     for index, venv in enumerate(args.venvs):
@@ -163,8 +172,10 @@ def main() -> int:
         _, counts = run_pytest(venv, ["tests/vllm_classes"], f"{venv.name} classes")
         totals.add(counts, f"{venv.name} classes")
         negative_controls(venv, report, totals)
-        if engine_capable and venv not in args.skip_engine:
-            _, counts = run_pytest(venv, ["tests/engine"], f"{venv.name} engine")
+        if engine_capable:
+            light = venv.resolve() in {v.resolve() for v in args.light_engine}
+            tests = LIGHT_ENGINE_TESTS if light else ["tests/engine"]
+            _, counts = run_pytest(venv, tests, f"{venv.name} engine")
             totals.add(counts, f"{venv.name} engine")
     print()
     for problem in totals.problems:

