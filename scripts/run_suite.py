@@ -139,15 +139,21 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
         label = f"{venv.name} control: sequence-length lower bound removed"
         _, counts = run_pytest(
             venv,
-            ["tests/vllm_classes/test_v1_dummy_staging.py", "--drop-seq-len-floor",
-             "-k", "short_override or profile_length_with_four"],
+            [
+                "tests/vllm_classes/test_v1_dummy_staging.py",
+                "--drop-seq-len-floor",
+                "-k",
+                "short_override or profile_length_with_four",
+            ],
             label,
             show=False,
         )
         if counts["failed"] == 0:
             totals.problems.append(f"{label}: no test caught the negative length")
         else:
-            print(f"[{label}] {counts['failed']} tests catch it, as they must", flush=True)
+            print(
+                f"[{label}] {counts['failed']} tests catch it, as they must", flush=True
+            )
 
 
 def main() -> int:
@@ -180,7 +186,10 @@ def main() -> int:
     print()
     for problem in totals.problems:
         print(f"FAILED: {problem}")
-    print(f"total: {totals.passed} passed, {totals.failed} failed, {totals.skipped} skipped")
+    print(
+        f"total: {totals.passed} passed, {totals.failed} failed, "
+        f"{totals.skipped} skipped"
+    )
     return 1 if totals.problems or totals.failed else 0
 
 

@@ -25,7 +25,7 @@ def register() -> None:
         registry().apply_all()
     except PatchFailedError:
         raise
-    except Exception as error:  # noqa: BLE001 - the server must start unpatched
+    except Exception as error:
         _vllm_logger().warning(
             "vllm-graphsafe: could not load its patches (%s: %s); vLLM runs "
             "without them. Report this with the output of `vllm-graphsafe doctor`.",

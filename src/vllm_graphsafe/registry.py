@@ -141,8 +141,10 @@ class Patch:
             for hook, (parent, attr) in targets:
                 if any(p is parent and a == attr for p, a, _ in self._wrapped):
                     continue
-                original = vars(parent)[attr] if isinstance(parent, type) else getattr(
-                    parent, attr
+                original = (
+                    vars(parent)[attr]
+                    if isinstance(parent, type)
+                    else getattr(parent, attr)
                 )
                 wrapt.wrap_function_wrapper(parent, attr, hook.wrapper)
                 self._wrapped.append((parent, attr, original))
@@ -328,4 +330,6 @@ class Registry:
         return [p.id for p in self.patches if p.is_wrapped()]
 
     def summary(self) -> str:
-        return ", ".join(f"{p.id}={p.state.value if p.state else 'unset'}" for p in self.patches)
+        return ", ".join(
+            f"{p.id}={p.state.value if p.state else 'unset'}" for p in self.patches
+        )

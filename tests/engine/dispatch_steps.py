@@ -36,7 +36,8 @@ def main(model_dir: str) -> None:
         for new in scheduler_output.scheduled_new_reqs:
             prompt_tokens |= new.num_computed_tokens < len(new.prompt_token_ids)
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+        computed_counts = cached.num_computed_tokens
+        for req_id, computed in zip(cached.req_ids, computed_counts, strict=True):
             prompt_tokens |= computed < runner.requests[req_id].num_prompt_tokens
         widths = list(scheduled.values())
         current.clear()

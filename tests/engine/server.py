@@ -24,8 +24,12 @@ class Server:
     log_path: Path
 
     def complete(self, prompt: Any, max_tokens: int = 8) -> dict[str, Any]:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
         request = urllib.request.Request(
             f"{self.base_url}/v1/completions",
             data=json.dumps(body).encode(),

@@ -16,7 +16,14 @@ def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_GRAPHSAFE_D")}
     cache = Path(os.environ.get("VLLM_GRAPHSAFE_CACHE", tmp_path)).parent
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_graphsafe.cli.main", "demo", "--cache-dir", str(cache)],
+        [
+            sys.executable,
+            "-m",
+            "vllm_graphsafe.cli.main",
+            "demo",
+            "--cache-dir",
+            str(cache),
+        ],
         env=env,
         capture_output=True,
         text=True,

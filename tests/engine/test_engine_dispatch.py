@@ -66,7 +66,9 @@ def test_prefill_steps_stay_off_the_decode_graph(runs: dict[str, Any]) -> None:
 
 def test_pure_decode_steps_keep_the_decode_graph(runs: dict[str, Any]) -> None:
     decode_steps = [
-        s for s in runs["on"]["steps"] if s["decode_shape"] and not s["holds_prompt_tokens"]
+        s
+        for s in runs["on"]["steps"]
+        if s["decode_shape"] and not s["holds_prompt_tokens"]
     ]
     assert decode_steps, "no pure speculative-decode step of width 4 ran"
     assert all(s["uniform_decode"] for s in decode_steps)

@@ -6,6 +6,7 @@ their positions and computed lengths (the bug, on the real engine).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -40,7 +41,7 @@ def inconsistencies(build: dict[str, Any]) -> list[str]:
     """Every way a staged dummy batch breaks the invariants of a real batch."""
     problems = []
     offsets = build["query_start_loc"]
-    scheduled = [b - a for a, b in zip(offsets, offsets[1:])]
+    scheduled = [b - a for a, b in itertools.pairwise(offsets)]
     if build["seq_lens_cpu"] != build["seq_lens_device"]:
         problems.append("CPU and device seq_lens differ")
     for req, count in enumerate(scheduled):
@@ -78,6 +79,8 @@ def test_generation_is_unchanged_by_the_dummy_runs(runs: dict[str, Any]) -> None
     assert runs["on"]["after"] == runs["on"]["before"]
 
 
-def test_without_the_plugin_dummy_metadata_is_inconsistent(runs: dict[str, Any]) -> None:
+def test_without_the_plugin_dummy_metadata_is_inconsistent(
+    runs: dict[str, Any],
+) -> None:
     builds = [b for s in runs["off"]["snapshots"] for b in s["builds"]]
     assert any(inconsistencies(b) for b in builds)

@@ -57,4 +57,7 @@ def test_padding_must_cover_the_batch() -> None:
 
 
 def test_token_positions_of_an_empty_batch() -> None:
-    assert token_positions(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size == 0
+    assert (
+        token_positions(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size
+        == 0
+    )

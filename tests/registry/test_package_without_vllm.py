@@ -35,7 +35,9 @@ def test_importing_the_package_imports_no_vllm() -> None:
 
 
 def test_package_imports_where_vllm_is_not_installed() -> None:
-    result = run_python(HIDE_VLLM + "import vllm_graphsafe.plugin, vllm_graphsafe.cli.main")
+    result = run_python(
+        HIDE_VLLM + "import vllm_graphsafe.plugin, vllm_graphsafe.cli.main"
+    )
     assert result.returncode == 0, result.stderr
 
 

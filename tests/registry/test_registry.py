@@ -24,7 +24,7 @@ from vllm_graphsafe.registry import (
 )
 from vllm_graphsafe.settings import read_settings
 
-TARGET_SOURCE = '''
+TARGET_SOURCE = """
 def helper(value):
     return value
 
@@ -35,7 +35,7 @@ class Runner:
 
     def classify(self, value):
         return "shape"
-'''
+"""
 
 
 @pytest.fixture
@@ -69,8 +69,12 @@ class FakePatch(Patch):
         self.native_marker = kw.get("native_marker")
 
     def hook_points(self) -> list[HookPoint]:
-        hooks = [HookPoint(self.module, name, phase_classify) for name in self.qualnames]
-        hooks.append(HookPoint(self.module, "helper", double_result, caller="Runner.step"))
+        hooks = [
+            HookPoint(self.module, name, phase_classify) for name in self.qualnames
+        ]
+        hooks.append(
+            HookPoint(self.module, "helper", double_result, caller="Runner.step")
+        )
         return hooks
 
     def native_reason(self, sources: SourceReader) -> str | None:
@@ -192,7 +196,7 @@ def test_strict_mode_turns_failure_into_an_error(
 ) -> None:
     monkeypatch.setenv("VLLM_GRAPHSAFE_STRICT", "1")
     patch = FakePatch(target, qualnames=("Runner.vanished",))
-    with pytest.raises(PatchFailedError, match="Runner.vanished"):
+    with pytest.raises(PatchFailedError, match=r"Runner\.vanished"):
         apply(patch, {"VLLM_GRAPHSAFE_STRICT": "1"})
 
 

@@ -17,7 +17,6 @@ from tests.vllm_classes.v1_dummy import (
     run_dummy,
 )
 
-
 regression = pytest.mark.regression("v1-dummy-staging")
 
 
@@ -55,9 +54,10 @@ def assert_mirrors_agree(snapshot: Snapshot) -> None:
 
 @regression
 @pytest.mark.parametrize("profile_len", [1, 4, 4096])
-def test_profile_length_with_four_scheduled_tokens(profile_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=1)
+def test_profile_length_with_four_scheduled_tokens(
+    profile_len: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=profile_len)
 
     (snapshot,) = record.snapshots
@@ -69,9 +69,10 @@ def test_profile_length_with_four_scheduled_tokens(profile_len: int, monkeypatch
 
 
 @regression
-def test_long_profile_length_ends_the_query_at_the_causal_tail(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=1)
+def test_long_profile_length_ends_the_query_at_the_causal_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=4096)
     (snapshot,) = record.snapshots
     assert snapshot.seq_lens_cpu[0] == 4096
@@ -80,9 +81,10 @@ def test_long_profile_length_ends_the_query_at_the_causal_tail(monkeypatch: pyte
 
 
 @regression
-def test_short_override_never_yields_negative_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=1)
+def test_short_override_never_yields_negative_lengths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=1)
     run_dummy(runner, 4, force_attention=True, profile_seq_lens=1)
     (snapshot,) = record.snapshots
     assert snapshot.num_computed[0] == 0
@@ -92,11 +94,15 @@ def test_short_override_never_yields_negative_lengths(monkeypatch: pytest.Monkey
 
 @regression
 @pytest.mark.parametrize("num_tokens", [3, 8, 13])
-def test_padded_rows_and_tokens_are_cleared(num_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_padded_rows_and_tokens_are_cleared(
+    num_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     num_reqs = min(num_tokens, 4)
     runner, record = make_dummy_runner(
-        monkeypatch, 
-        max_num_seqs=4, pad_reqs_to=num_reqs + 2, pad_tokens_to=num_tokens + 5
+        monkeypatch,
+        max_num_seqs=4,
+        pad_reqs_to=num_reqs + 2,
+        pad_tokens_to=num_tokens + 5,
     )
     run_dummy(runner, num_tokens, force_attention=True, profile_seq_lens=64)
 
@@ -110,9 +116,10 @@ def test_padded_rows_and_tokens_are_cleared(num_tokens: int, monkeypatch: pytest
 
 
 @regression
-def test_full_capture_of_a_uniform_decode_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=8, decode_query_len=4)
+def test_full_capture_of_a_uniform_decode_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=8, decode_query_len=4)
     run_dummy(runner, 11, uniform_decode=True, profile_seq_lens=300)
     (snapshot,) = record.snapshots
     assert_request_invariants(snapshot, 3)
@@ -121,9 +128,10 @@ def test_full_capture_of_a_uniform_decode_batch(monkeypatch: pytest.MonkeyPatch)
 
 @regression
 @needs_dcp_dummy_context
-def test_mixed_dcp_batch_keeps_the_dummy_context_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=2, dcp_world_size=2)
+def test_mixed_dcp_batch_keeps_the_dummy_context_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=2, dcp_world_size=2)
     context_len = 2 * 4
     run_dummy(runner, 7, create_mixed_batch=True, force_attention=True)
 
@@ -139,9 +147,12 @@ def test_mixed_dcp_batch_keeps_the_dummy_context_length(monkeypatch: pytest.Monk
 
 @regression
 @needs_dcp_dummy_context
-def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=4, decode_query_len=4, dcp_world_size=2)
+        monkeypatch, max_num_seqs=4, decode_query_len=4, dcp_world_size=2
+    )
     run_dummy(runner, 7, uniform_decode=True, is_graph_capturing=True)
 
     (snapshot,) = record.snapshots
@@ -154,9 +165,10 @@ def test_ragged_uniform_decode_dcp_batch_moves_the_tail_request(monkeypatch: pyt
     assert positions.tolist() == snapshot.positions[:7].tolist()
 
 
-def test_dummy_run_without_attention_metadata_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=2)
+def test_dummy_run_without_attention_metadata_is_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=2)
     runner._determine_batch_execution_and_padding = _piecewise_determine(runner)
     before = runner.positions.clone()
     run_dummy(runner, 4)
@@ -165,10 +177,11 @@ def test_dummy_run_without_attention_metadata_is_unchanged(monkeypatch: pytest.M
     assert (runner.positions == STALE_POSITION).all()
 
 
-def test_real_request_computed_counts_survive_a_dummy_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_request_computed_counts_survive_a_dummy_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = np.array([120, 7, 33], dtype=np.int32)
-    runner, record = make_dummy_runner(
-        monkeypatch, max_num_seqs=4, real_computed=real)
+    runner, record = make_dummy_runner(monkeypatch, max_num_seqs=4, real_computed=real)
     before = runner.input_batch.num_computed_tokens_cpu.copy()
     run_dummy(runner, 8, force_attention=True, profile_seq_lens=4096)
     assert record.snapshots

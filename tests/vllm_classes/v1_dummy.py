@@ -60,7 +60,9 @@ class FakeMultiGroupBlockTable:
     def commit_block_table(self, num_reqs: int) -> None:
         return None
 
-    def compute_slot_mapping(self, num_reqs: int, query_start_loc: Any, positions: Any) -> None:
+    def compute_slot_mapping(
+        self, num_reqs: int, query_start_loc: Any, positions: Any
+    ) -> None:
         self._record.slot_mapping_calls.append(
             (query_start_loc.cpu().numpy().copy(), positions.cpu().numpy().copy())
         )
@@ -90,12 +92,11 @@ def make_dummy_runner(
     real_computed: np.ndarray | None = None,
 ) -> tuple[Any, DummyRunRecord]:
     import torch
+    import vllm.v1.utils
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.utils import CpuGpuBuffer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    import vllm.v1.utils
 
     # CUDA builds pin host buffers before each copy; there is no driver here.
     monkeypatch.setattr(vllm.v1.utils, "PIN_MEMORY", False, raising=False)
@@ -107,7 +108,9 @@ def make_dummy_runner(
         computed[: len(real_computed)] = real_computed
 
     def buffer(size: int) -> Any:
-        return CpuGpuBuffer(size, dtype=torch.int64, device=torch.device("cpu"), pin_memory=False)
+        return CpuGpuBuffer(
+            size, dtype=torch.int64, device=torch.device("cpu"), pin_memory=False
+        )
 
     def determine(**kwargs: Any) -> Any:
         num_reqs = kwargs["num_reqs"]
@@ -164,7 +167,10 @@ def make_dummy_runner(
         maybe_dummy_run_with_lora=stop,
     )
     replace_original(
-        monkeypatch, GPUModelRunner, "_build_attention_metadata", build_attention_metadata
+        monkeypatch,
+        GPUModelRunner,
+        "_build_attention_metadata",
+        build_attention_metadata,
     )
     if dcp_world_size > 1:
         runner.kv_cache_config = SimpleNamespace(num_blocks=32)

@@ -36,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument(
-        "--startup-timeout", type=float, default=300.0, help="seconds to wait for health"
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for health",
     )
     parser.add_argument(
         "--num-speculative-tokens", type=int, default=3, help="ngram draft tokens (K)"
@@ -61,7 +64,9 @@ def wait_for_health(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited with status {server.returncode}")
+            raise RuntimeError(
+                f"the vLLM server exited with status {server.returncode}"
+            )
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
                 if response.status == 200:
@@ -120,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"server log: {log_path}")
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         try:
@@ -162,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
             events.get("uniform_decode", 0) for events in stats["counts"].values()
         )
         if args.without_plugin:
-            print("The plugin was disabled: nothing kept prefill steps off decode graphs.")
+            print(
+                "The plugin was disabled: nothing kept prefill steps off decode graphs."
+            )
         else:
             print(
                 f"The plugin kept {kept_off} prefill step(s) off the decode graph; "

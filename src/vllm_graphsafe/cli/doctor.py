@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stats-dir",
         default=read_settings().stats_dir,
-        help=f"read dispatch statistics written by vLLM processes (default: ${STATS_DIR_ENV})",
+        help="read the dispatch statistics vLLM processes wrote "
+        f"(default: ${STATS_DIR_ENV})",
     )
 
 
@@ -73,7 +74,7 @@ def collect_report(import_modules: bool, stats_dir: str | None) -> dict[str, Any
                     importlib.import_module(module)
                 except PatchFailedError:
                     raise
-                except Exception as error:  # noqa: BLE001 - reported, not fatal
+                except Exception as error:
                     import_errors[module] = f"{type(error).__name__}: {error}"
     report: dict[str, Any] = {
         "vllm": {"distribution": vllm_dist[0], "version": vllm_dist[1]}
@@ -109,7 +110,10 @@ def collect_report(import_modules: bool, stats_dir: str | None) -> dict[str, Any
 
 def render_table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(line.rstrip() for line in lines)
 
@@ -136,7 +140,9 @@ def render_report(report: dict[str, Any]) -> str:
     if stats is not None:
         lines += ["", f"dispatch statistics from {stats['processes']} process(es):"]
         for patch_id, events in sorted(stats["counts"].items()):
-            detail = ", ".join(f"{event}={count}" for event, count in sorted(events.items()))
+            detail = ", ".join(
+                f"{event}={count}" for event, count in sorted(events.items())
+            )
             lines.append(f"  {patch_id}: {detail}")
     lines += [
         "",

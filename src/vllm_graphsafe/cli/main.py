@@ -17,8 +17,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module, summary in (
         ("doctor", doctor, "show what this vLLM needs and what the plugin applied"),
-        ("probe", probe, "check a running OpenAI-compatible vLLM server for corruption"),
-        ("demo", demo, "start a local vLLM server with a tiny model and show the fixes"),
+        (
+            "probe",
+            probe,
+            "check a running OpenAI-compatible vLLM server for corruption",
+        ),
+        (
+            "demo",
+            demo,
+            "start a local vLLM server with a tiny model and show the fixes",
+        ),
     ):
         sub = commands.add_parser(name, help=summary, description=summary)
         module.add_arguments(sub)

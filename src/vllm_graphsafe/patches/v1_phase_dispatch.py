@@ -47,7 +47,9 @@ def _parameter_index(function: Any, name: str) -> int:
     return parameters.index(name) - (parameters[:1] == ["self"])
 
 
-def _argument(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+def _argument(
+    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str
+) -> Any:
     if name in kwargs:
         return kwargs[name]
     index = _parameter_index(getattr(wrapped, "__func__", wrapped), name)
@@ -104,7 +106,9 @@ def phase_aware_dispatch(
         stats.STATS.count(PATCH_ID, stats.UNIFORM_DECODE)
         return wrapped(*args, **kwargs)
     stats.STATS.count(PATCH_ID, stats.KEPT_OFF_DECODE)
-    index = _parameter_index(getattr(wrapped, "__func__", wrapped), "force_uniform_decode")
+    index = _parameter_index(
+        getattr(wrapped, "__func__", wrapped), "force_uniform_decode"
+    )
     if index < len(args):
         args = (*args[:index], False, *args[index + 1 :])
     else:
