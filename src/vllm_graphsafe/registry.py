@@ -256,11 +256,23 @@ class SourceReader:
         text = self.text(module)
         if text is None:
             return None
-        leaf = qualname.rsplit(".", 1)[-1]
-        indent = "    " * qualname.count(".")
-        start = text.find(f"\n{indent}def {leaf}(")
+        *owners, leaf = qualname.split(".")
+        indent = "    " * len(owners)
+        search_from = 0
+        for depth, owner in enumerate(owners):
+            found = text.find(f"\n{'    ' * depth}class {owner}(", search_from)
+            if found < 0:
+                found = text.find(f"\n{'    ' * depth}class {owner}:", search_from)
+            if found < 0:
+                return None
+            search_from = found
+        start = text.find(f"\n{indent}def {leaf}(", search_from)
         if start < 0:
             return None
+        if owners:
+            next_class = text.find("\nclass ", search_from + 1)
+            if 0 <= next_class < start:
+                return None
         end = len(text)
         for marker in (f"\n{indent}def ", f"\n{indent}@", f"\n{indent}async def "):
             found = text.find(marker, start + 1)

@@ -215,3 +215,10 @@ def test_symbol_removed_after_the_source_check_fails_at_import(
     assert patch.state is PatchState.FAILED
     assert "Runner.classify" in patch.reason
     assert module.Runner().step(3) == 4, "half applied"
+
+
+def test_method_of_a_renamed_class_is_missing(target: str) -> None:
+    patch = FakePatch(target, qualnames=("RenamedRunner.classify",))
+    apply(patch)
+    assert patch.state is PatchState.FAILED
+    assert f"{target}.RenamedRunner.classify" in patch.reason
