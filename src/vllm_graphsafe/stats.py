@@ -109,6 +109,17 @@ def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]
     return records
 
 
+def render_stats(stats: dict[str, Any]) -> list[str]:
+    """Lines for a terminal: the summed counters of every process."""
+    lines = [f"dispatch statistics from {stats['processes']} process(es):"]
+    for patch_id, events in sorted(stats["counts"].items()):
+        detail = ", ".join(f"{event}={n}" for event, n in sorted(events.items()))
+        lines.append(f"  {patch_id}: {detail}")
+    if not stats["counts"]:
+        lines.append("  no dispatch decisions recorded yet")
+    return lines
+
+
 def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Sum the counters every process wrote into ``directory``."""
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

@@ -179,3 +179,36 @@ def test_dp_sync_receives_the_phase_aware_classification(
     run_dispatch(runner, [row.scheduled for row in rows])
 
     assert record.dp_uniform_decode == [expected_uniform_decode(rows, q)]
+
+
+def release_classifies_early_in_the_worker() -> bool:
+    """0.20-0.31: pipeline + sequence parallel classify from the worker, early."""
+    from vllm_graphsafe.registry import SourceReader
+
+    worker = SourceReader().function(
+        "vllm.v1.worker.gpu_worker", "Worker.execute_model"
+    )
+    return "_determine_batch_execution_and_padding(" in (worker or "")
+
+
+def test_pipeline_plus_sequence_parallel_never_decides_from_stale_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rows = fresh_prompt(4)
+    record = DispatchRecord()
+    runner = make_runner(4, input_batch(rows), record)
+    runner.parallel_config.pipeline_parallel_size = 2
+    runner.compilation_config.pass_config.enable_sp = True
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        run_dispatch(runner, [4])
+
+    if release_classifies_early_in_the_worker():
+        # Refused with one clear warning: vLLM's own rule, as unpatched.
+        assert record.uniform_decode == [True, True]
+        refusals = [r for r in caplog.records if "inactive" in r.getMessage()]
+        assert len(refusals) == 1
+        assert "sequence parallelism" in refusals[0].getMessage()
+    else:
+        assert record.uniform_decode == [False, False]

@@ -153,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
             str(args.num_speculative_tokens),
             "--block-size",
             str(BLOCK_SIZE),
+            "--stats-dir",
+            stats_dir,
         ]
         if args.json:
             probe_argv += ["--json", args.json]

@@ -138,12 +138,9 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"note: {module} did not import here ({error}); judged by source")
     stats = report.get("dispatch_stats")
     if stats is not None:
-        lines += ["", f"dispatch statistics from {stats['processes']} process(es):"]
-        for patch_id, events in sorted(stats["counts"].items()):
-            detail = ", ".join(
-                f"{event}={count}" for event, count in sorted(events.items())
-            )
-            lines.append(f"  {patch_id}: {detail}")
+        from vllm_graphsafe.stats import render_stats
+
+        lines += ["", *render_stats(stats)]
     lines += [
         "",
         "every fix this vLLM needs is active"

@@ -41,6 +41,7 @@ import contextlib
 import http.client
 import ipaddress
 import json
+import os
 import random
 import re
 import sys
@@ -53,6 +54,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
+
+from vllm_graphsafe.settings import STATS_DIR_ENV
+from vllm_graphsafe.stats import read_stats_dir, render_stats
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -1341,6 +1345,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", metavar="PATH", help="write a JSON report to PATH ('-' for stdout)"
     )
+    parser.add_argument(
+        "--stats-dir",
+        default=os.environ.get(STATS_DIR_ENV),
+        help="also show the dispatch statistics the server's processes wrote there "
+        f"(default: ${STATS_DIR_ENV})",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ProbeSettings:
@@ -1436,8 +1446,14 @@ def run(args: argparse.Namespace) -> int:
         table_stream = sys.stderr if settings.json_path == "-" else sys.stdout
         print(format_table(state.checks), file=table_stream)
         print(summary_line(state.checks), file=table_stream)
+    dispatch_stats = None
+    if args.stats_dir and os.path.isdir(args.stats_dir):
+        dispatch_stats = read_stats_dir(args.stats_dir)
+        print("\n".join(render_stats(dispatch_stats)), file=sys.stderr)
     if settings.json_path:
         report = build_report(state, budget.used, exit_status, error_message)
+        if dispatch_stats is not None:
+            report["dispatch_stats"] = dispatch_stats
         try:
             write_report(settings.json_path, report)
         except OSError as error:
