@@ -54,7 +54,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from timing import interleaved_samples
+if __package__ in (None, ""):  # run as a script: make the bench package importable
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from bench.timing import interleaved_samples
 
 SIZES = (1, 8, 64, 256, 1024)
 #: Rows of the V1 input batch and the MRV2 request-state table (max_num_seqs).
@@ -561,11 +564,17 @@ def measure_dispatch(
             continue
         for num_reqs, step_cases in built.items():
             cases[num_reqs].update(step_cases)
+    # One round times every case at every size, so a noisy spell of the host
+    # lands on all of them rather than on one batch size.
+    flat = {
+        f"{name}@{num_reqs}": step
+        for num_reqs in sizes
+        for name, step in cases[num_reqs].items()
+    }
     samples: dict[str, dict[str, list[float]]] = defaultdict(dict)
-    for num_reqs in sizes:
-        per_size = interleaved_samples(cases[num_reqs], rounds, target_s)
-        for name, values in per_size.items():
-            samples[name][str(num_reqs)] = values
+    for key, values in interleaved_samples(flat, rounds, target_s).items():
+        name, size = key.split("@")
+        samples[name][size] = values
     return {
         "sizes": list(sizes),
         "rounds": rounds,

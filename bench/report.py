@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from timing import difference, paired, ratio, summarize
+from bench.timing import difference, paired, ratio, summarize
 
 #: Per-step classification goal: what the phase rule may add at 256 requests.
 ADDED_BUDGET_US = 2.0
@@ -22,7 +22,7 @@ CASE_LABELS = {
     "v1.shape": "V1 shape-only rule (vLLM)",
     "v1.phase": "V1 phase rule (graphsafe patch)",
     "mrv2.shape": "MRV2 shape-only rule (as vLLM <= 0.27 has it)",
-    "mrv2.phase": "MRV2 phase rule (graphsafe patch)",
+    "mrv2.phase": "MRV2 phase rule (graphsafe patch's wrappers)",
     "mrv2.phase_stale": "MRV2 phase rule, +64 unscheduled rows mid-prefill",
     "mrv2.native": "MRV2 native phase rule (upstream gather_batch_req_state)",
 }
@@ -324,7 +324,13 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
         ),
         "",
         "Added import cost = the patches' post-import hooks plus wrapt's import "
-        "finder on every import that is not hooked (median over runs).",
+        "finder on every import that is not hooked (median over runs). Bytecode "
+        "cached = a byte-compiled copy of the package, as a wheel install leaves "
+        "it. A bare `import vllm` is no vLLM process: whatever `register()` pulls "
+        "in there counts against it (on 0.27 its source survey's "
+        "`importlib.util.find_spec` runs `vllm.v1.worker.gpu.spec_decode`'s "
+        "`__init__`, which imports `vllm.config`; a vLLM process has that "
+        "already).",
     ]
 
 

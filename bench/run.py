@@ -33,13 +33,10 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-sys.path.insert(0, str(BENCH_DIR))
+if __package__ in (None, ""):  # run as a script: make the bench package importable
+    sys.path.append(str(REPO))
 
-import end_to_end  # noqa: E402
-import full_graph_coverage  # noqa: E402
-import plot  # noqa: E402
-import report  # noqa: E402
-
+from bench import end_to_end, full_graph_coverage, plot, report  # noqa: E402
 from vllm_graphsafe.testing.engine import CPU_ENV  # noqa: E402
 
 REFERENCE_ENV = "VLLM_GRAPHSAFE_BENCH_REFERENCE_PYTHON"
@@ -77,8 +74,8 @@ FULL = Plan(
         ("bare", "cached"): 2,
         ("process", "source"): 2,
     },
-    e2e_repetitions=8,
-    e2e_max_tokens=128,
+    e2e_repetitions=12,
+    e2e_max_tokens=192,
     coverage_steps_per_width=1000,
 )
 

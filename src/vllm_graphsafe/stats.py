@@ -111,7 +111,11 @@ def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]
 
 def render_stats(stats: dict[str, Any]) -> list[str]:
     """Lines for a terminal: the summed counters of every process."""
-    lines = [f"dispatch statistics from {stats['processes']} process(es):"]
+    lines = [f"patch states in {stats['processes']} vLLM process(es):"]
+    for patch_id, states in sorted(stats.get("patch_states", {}).items()):
+        detail = ", ".join(f"{state} in {n}" for state, n in sorted(states.items()))
+        lines.append(f"  {patch_id}: {detail}")
+    lines.append("dispatch decisions:")
     for patch_id, events in sorted(stats["counts"].items()):
         detail = ", ".join(f"{event}={n}" for event, n in sorted(events.items()))
         lines.append(f"  {patch_id}: {detail}")

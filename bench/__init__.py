@@ -1,0 +1,1 @@
+"""vllm-graphsafe's benchmarks: ``python bench/run.py [--quick] [--out DIR]``."""
