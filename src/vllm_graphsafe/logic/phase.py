@@ -29,7 +29,7 @@ def rows_past_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> bool:
     same order. A computed count that runs ahead under async scheduling still
     counts as past prefill; a chunked tail with some tokens computed does not.
     """
-    return bool(np.all(num_computed >= num_prompt))
+    return not np.count_nonzero(num_computed < num_prompt)
 
 
 def uniform_decode_query_len(

@@ -50,8 +50,8 @@ def _parameter_index(function: Any, name: str) -> int:
 def _argument(
     wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str
 ) -> Any:
-    if name in kwargs:
-        return kwargs[name]
+    if name in kwargs or not args:  # real steps pass keywords only
+        return kwargs.get(name)
     index = _parameter_index(getattr(wrapped, "__func__", wrapped), name)
     return args[index] if index < len(args) else None
 
