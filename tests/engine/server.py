@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,3 +76,21 @@ def running_server(
         yield Server(base_url, str(model_dir), process, log_path)
     finally:
         stop_server(process)
+
+
+def run_engine_script(script: Path, model_dir: Path, plugin: bool) -> dict[str, Any]:
+    """Run ``script MODEL_DIR`` on an in-process engine; return its last JSON line."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env.pop("VLLM_GRAPHSAFE_DISABLE", None)
+    if not plugin:
+        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
+    result = subprocess.run(
+        [sys.executable, str(script), str(model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,46 +8,22 @@ engine). The generated tokens are the same either way.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.engine.server import run_engine_script
+
 pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("dispatch_steps.py")
 
 
-def run_engine(model_dir: Path, tmp_path: Path, plugin: bool) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-    }
-    env.pop("VLLM_GRAPHSAFE_DISABLE", None)
-    if not plugin:
-        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(model_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
-def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp_path = tmp_path_factory.mktemp("engine-dispatch")
+def runs(tiny_model: Path) -> dict[str, Any]:
     return {
-        "on": run_engine(tiny_model, tmp_path, plugin=True),
-        "off": run_engine(tiny_model, tmp_path, plugin=False),
+        "on": run_engine_script(SCRIPT, tiny_model, plugin=True),
+        "off": run_engine_script(SCRIPT, tiny_model, plugin=False),
     }
 
 

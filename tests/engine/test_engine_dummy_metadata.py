@@ -7,34 +7,15 @@ their positions and computed lengths (the bug, on the real engine).
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.engine.server import run_engine_script
+
 pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("dummy_metadata.py")
-
-
-def run_engine(model_dir: Path, plugin: bool) -> dict[str, Any]:
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    env.pop("VLLM_GRAPHSAFE_DISABLE", None)
-    if not plugin:
-        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(model_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def inconsistencies(build: dict[str, Any]) -> list[str]:
@@ -60,7 +41,10 @@ def inconsistencies(build: dict[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model: Path) -> dict[str, Any]:
-    return {"on": run_engine(tiny_model, True), "off": run_engine(tiny_model, False)}
+    return {
+        "on": run_engine_script(SCRIPT, tiny_model, plugin=True),
+        "off": run_engine_script(SCRIPT, tiny_model, plugin=False),
+    }
 
 
 def test_every_dummy_build_is_consistent(runs: dict[str, Any]) -> None:
