@@ -21,7 +21,7 @@ from typing import Any
 
 import wrapt
 
-from vllm_graphsafe.settings import Settings, read_settings
+from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
 
 logger = logging.getLogger("vllm.graphsafe")
 
@@ -101,7 +101,7 @@ class Patch:
         """Settle the state from settings and source text, wrapping nothing."""
         self._source_reader = sources
         if settings.is_disabled(self.id):
-            self._set(PatchState.DISABLED, f"disabled by {_disable_env()}")
+            self._set(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
             return
         if not sources.exists(self.anchor_module):
             self._set(
@@ -196,12 +196,6 @@ class _MissingSymbolError(LookupError):
 
 
 _LOCK = threading.RLock()
-
-
-def _disable_env() -> str:
-    from vllm_graphsafe.settings import DISABLE_ENV
-
-    return DISABLE_ENV
 
 
 def _resolve(hook: HookPoint) -> tuple[Any, str]:
