@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-INDEPENDENT_TESTS = ["tests/logic", "tests/registry", "tests/probe"]
+INDEPENDENT_TESTS = ["tests/logic", "tests/registry", "tests/probe", "tests/bench"]
 LIGHT_ENGINE_TESTS = [
     "tests/engine/test_engine_dispatch.py",
     "tests/engine/test_engine_dummy_metadata.py",
