@@ -46,7 +46,7 @@ else
     rm -rf "$DEST"
     "$PYTHON" -m venv "$DEST"
     log "installing ${PACKAGES[*]}"
-    "$DEST/bin/pip" install -q --progress-bar off "${PACKAGES[@]}" 2>&1 \
+    "$DEST/bin/pip" install -q --no-cache-dir --progress-bar off "${PACKAGES[@]}" 2>&1 \
         | grep -v "^WARNING: Location" || true
     # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
     # nothing here needs them.

