@@ -19,14 +19,14 @@ Classification cost (benchmark 1)
     ``v1.shape``  ``int(num_scheduled_tokens_np.max())`` plus
                   ``_determine_batch_execution_and_padding`` cut after its
                   first statement (``_is_uniform_decode``).
-    ``v1.phase``  the same, the cut method wrapped with the patch's
-                  ``phase_aware_dispatch`` through wrapt, over input-batch
-                  arrays of ``TABLE_ROWS`` rows.
+    ``v1.phase``  the same, the cut method bound to the patch's hook point
+                  as the registry binds it, over input-batch arrays of
+                  ``TABLE_ROWS`` rows.
     ``mrv2.shape``  ``execute_model``'s classification lines: the ``max()``
                   over the scheduled dict and ``get_uniform_token_count``.
-    ``mrv2.phase``  the same lines with ``execute_model`` wrapped by
-                  ``track_target_step`` and the count by
-                  ``phase_aware_target_count``, over request states of
+    ``mrv2.phase``  the same lines with ``execute_model`` and the count
+                  bound to the patch's hook points as the registry binds
+                  them, over request states of
                   ``TABLE_ROWS`` rows filled by the release's ``add_request``.
     ``mrv2.phase_stale``  as ``mrv2.phase`` with ``STALE_ROWS`` more live
                   requests mid-prefill that are not scheduled this step (the
@@ -191,6 +191,17 @@ def _exists(module: str) -> bool:
 # -- benchmark 1: V1 runner -----------------------------------------------------
 
 
+def bind_like_the_patch(owner: Any, hook: Any, attribute: str | None = None) -> None:
+    """Install ``hook``'s wrapper on ``owner`` the way the registry installs it."""
+    import wrapt
+
+    attribute = attribute or hook.qualname.rsplit(".", 1)[-1]
+    if hook.inline:
+        wrapt.wrap_object(owner, attribute, hook.wrapper)
+    else:
+        wrapt.wrap_function_wrapper(owner, attribute, hook.wrapper)
+
+
 def _v1_classify_only(
     self: Any,
     num_tokens: int,
@@ -239,10 +250,9 @@ def _v1_runner(cls: type, num_computed: Any, num_prompt: Any) -> Any:
 def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
     import torch
-    import wrapt
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_graphsafe.patches.v1_phase_dispatch import phase_aware_dispatch
+    from vllm_graphsafe.patches.v1_phase_dispatch import V1PhaseDispatchPatch
 
     real = GPUModelRunner._determine_batch_execution_and_padding
     real = getattr(real, "__wrapped__", real)
@@ -261,9 +271,8 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     phase_cls = type("PhaseRuleRunner", (GPUModelRunner,), {})
     for cls in (shape_cls, phase_cls):
         cls._determine_batch_execution_and_padding = _v1_classify_only  # type: ignore[attr-defined]
-    wrapt.wrap_function_wrapper(
-        phase_cls, "_determine_batch_execution_and_padding", phase_aware_dispatch
-    )
+    (dispatch_hook,) = V1PhaseDispatchPatch().hook_points()
+    bind_like_the_patch(phase_cls, dispatch_hook)
 
     # The persistent batch keeps its per-row counts in CPU tensors and reads
     # them through .numpy(): every row past its prompt.
@@ -455,14 +464,21 @@ def _native_lines(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -
 
 def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    import wrapt
     from vllm.v1.worker.gpu import cudagraph_utils
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     from vllm_graphsafe.patches.mrv2_phase_dispatch import (
-        phase_aware_target_count,
-        track_target_step,
+        RUNNER_MODULE,
+        MRV2PhaseDispatchPatch,
     )
+
+    hooks = {
+        hook.qualname: hook
+        for hook in MRV2PhaseDispatchPatch().hook_points()
+        if hook.module == RUNNER_MODULE
+    }
+    step_hook = hooks["GPUModelRunner.execute_model"]
+    count_hook = hooks["get_uniform_token_count"]
 
     real_execute = GPUModelRunner.execute_model
     real_execute = getattr(real_execute, "__wrapped__", real_execute)
@@ -470,7 +486,9 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     shape_count = getattr(
         cudagraph_utils, "get_uniform_token_count", _uniform_token_count_027
     )
-    phase_count = wrapt.FunctionWrapper(shape_count, phase_aware_target_count)
+    counts = SimpleNamespace(get_uniform_token_count=shape_count)
+    bind_like_the_patch(counts, count_hook)
+    phase_count = counts.get_uniform_token_count
     shape_execute = _classification_lines(shape_count)
     phase_execute = _classification_lines(phase_count)
     for function in (shape_execute, phase_execute):
@@ -481,7 +499,7 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     shape_cls.execute_model = shape_execute  # type: ignore[attr-defined]
     phase_cls.execute_model = phase_execute  # type: ignore[attr-defined]
     native_cls.execute_model = _native_lines  # type: ignore[attr-defined]
-    wrapt.wrap_function_wrapper(phase_cls, "execute_model", track_target_step)
+    bind_like_the_patch(phase_cls, step_hook)
     has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
 
     generator = np.random.default_rng(SEED)

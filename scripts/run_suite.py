@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole test suite against every tested vLLM release's virtual environment.
 
-usage: scripts/run_suite.py [--quick] VENV [VENV ...]
+usage: scripts/run_suite.py [--light-engine VENV] [--no-engine] VENV [VENV ...]
 
 For each venv: the doctor, the class-level tests with the plugin, the negative
 controls (each applied patch's regression tests with the plugin disabled must
@@ -166,6 +166,11 @@ def main() -> int:
         type=Path,
         help="a venv that runs only the engine tests showing each bug and its fix",
     )
+    parser.add_argument(
+        "--no-engine",
+        action="store_true",
+        help="skip the engine tests (a quick local check; CI runs them)",
+    )
     args = parser.parse_args()
     totals = Totals()
     for index, venv in enumerate(args.venvs):
@@ -178,7 +183,7 @@ def main() -> int:
         _, counts = run_pytest(venv, ["tests/vllm_classes"], f"{venv.name} classes")
         totals.add(counts, f"{venv.name} classes")
         negative_controls(venv, report, totals)
-        if engine_capable:
+        if engine_capable and not args.no_engine:
             light = venv.resolve() in {v.resolve() for v in args.light_engine}
             tests = LIGHT_ENGINE_TESTS if light else ["tests/engine"]
             _, counts = run_pytest(venv, tests, f"{venv.name} engine")

@@ -55,16 +55,32 @@ class DispatchStats:
     def count(self, patch_id: str, event: str) -> None:
         self.counts[patch_id][event] += 1
         if self._directory is not None:
-            now = time.monotonic()
-            if now >= self._next_flush:
-                self._next_flush = now + _FLUSH_INTERVAL_S
-                self.flush()
+            self._maybe_flush()
+
+    def counter(self, patch_id: str) -> Callable[[str], None]:
+        """``count`` bound to one patch, for the per-step path."""
+        events = self.counts[patch_id]
+
+        def count(event: str) -> None:
+            events[event] += 1
+            if self._directory is not None:
+                self._maybe_flush()
+
+        return count
+
+    def _maybe_flush(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._next_flush = now + _FLUSH_INTERVAL_S
+            self.flush()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {patch: dict(events) for patch, events in self.counts.items()}
+        return {patch: dict(events) for patch, events in self.counts.items() if events}
 
     def reset(self) -> None:
-        self.counts.clear()
+        # Counters handed out by counter() keep their dictionaries.
+        for events in self.counts.values():
+            events.clear()
 
     def flush(self) -> None:
         if self._directory is None:

@@ -21,6 +21,7 @@ from vllm_graphsafe.registry import (
     PatchState,
     Registry,
     SourceReader,
+    is_hooked,
 )
 from vllm_graphsafe.settings import read_settings
 
@@ -222,3 +223,65 @@ def test_method_of_a_renamed_class_is_missing(target: str) -> None:
     apply(patch)
     assert patch.state is PatchState.FAILED
     assert f"{target}.RenamedRunner.classify" in patch.reason
+
+
+# -- inline hook points (plain replacement functions, for the per-step path) ----
+
+
+def bind_phase_classify(classify: Any) -> Any:
+    def phase_aware_classify(self: Any, value: Any) -> Any:
+        return "phase" if value else classify(self, value)
+
+    return phase_aware_classify
+
+
+def refuse_to_bind(original: Any) -> Any:
+    raise TypeError(f"{original.__qualname__} takes other arguments")
+
+
+class InlinePatch(FakePatch):
+    def __init__(self, module: str, factory: Any = bind_phase_classify) -> None:
+        super().__init__(module)
+        self.factory = factory
+
+    def hook_points(self) -> list[HookPoint]:
+        return [
+            HookPoint(self.module, "Runner.classify", self.factory, inline=True),
+            HookPoint(self.module, "helper", double_result, caller="Runner.step"),
+        ]
+
+
+def test_inline_hook_point_installs_a_plain_function_and_removes_it(
+    target: str,
+) -> None:
+    module = importlib.import_module(target)
+    original = vars(module.Runner)["classify"]
+    patch = InlinePatch(target)
+    registry = apply(patch)
+    installed = vars(module.Runner)["classify"]
+
+    assert is_hooked(installed) and type(installed) is type(original)
+    assert module.Runner().classify(1) == "phase"
+    assert module.Runner().classify(0) == "shape"
+
+    registry.apply_all(read_settings({}))
+    assert vars(module.Runner)["classify"] is installed, "bound twice"
+    registry.remove_all()
+    registry.remove_all()
+    assert vars(module.Runner)["classify"] is original
+    assert not is_hooked(module.helper)
+
+
+def test_inline_hook_point_that_cannot_bind_fails_whole(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    patch = InlinePatch(target, factory=refuse_to_bind)
+    with caplog.at_level(logging.WARNING, logger="vllm.graphsafe"):
+        apply(patch)
+        module = importlib.import_module(target)
+    assert patch.state is PatchState.FAILED
+    assert "cannot be bound" in patch.reason and "takes other arguments" in patch.reason
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert module.Runner().classify(1) == "shape", "half applied"
+    assert module.Runner().step(3) == 4, "half applied"

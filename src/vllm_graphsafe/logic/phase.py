@@ -12,6 +12,11 @@ from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 
 import numpy as np
 
+try:  # numpy 2's C entry point, without the keyword handling of np.count_nonzero
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # numpy 1
+    _count_nonzero = np.count_nonzero
+
 PrefillPending = Callable[[], bool]
 
 
@@ -29,7 +34,7 @@ def rows_past_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> bool:
     same order. A computed count that runs ahead under async scheduling still
     counts as past prefill; a chunked tail with some tokens computed does not.
     """
-    return not np.count_nonzero(num_computed < num_prompt)
+    return not _count_nonzero(num_computed < num_prompt)
 
 
 def uniform_decode_query_len(
@@ -73,20 +78,31 @@ def rows_in_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> np.ndar
     states): in steady decoding few rows are in prefill, so scanning them beats
     looking up every scheduled request.
     """
-    return np.flatnonzero(num_computed < num_prompt)
+    in_prefill = num_computed < num_prompt
+    if not _count_nonzero(in_prefill):
+        return _NO_ROWS
+    return in_prefill.nonzero()[0]
+
+
+_NO_ROWS = np.empty(0, dtype=np.intp)
+_NO_ROWS.flags.writeable = False
 
 
 def any_row_scheduled(
-    rows: Iterable[int],
+    rows: np.ndarray | Iterable[int],
     owner_of_row: Mapping[int, Hashable],
     scheduled: Container[Hashable],
 ) -> bool:
     """Whether a request that owns one of ``rows`` is scheduled this step.
 
-    Rows without an owner (freed rows keep their last counts) never count.
+    Rows without an owner (freed rows keep their last counts) never count:
+    their owner reads as ``None``, which is no request id.
     """
-    for row in rows:
-        owner = owner_of_row.get(int(row))
-        if owner is not None and owner in scheduled:
-            return True
-    return False
+    if isinstance(rows, np.ndarray):
+        rows = rows.tolist()
+    owners = map(owner_of_row.get, rows)
+    if isinstance(scheduled, Mapping):
+        return not scheduled.keys().isdisjoint(owners)
+    if isinstance(scheduled, (set, frozenset)):
+        return not scheduled.isdisjoint(owners)
+    return any(map(scheduled.__contains__, owners))

@@ -19,11 +19,14 @@ What it changes
     genuine decode batches keep their count (FULL graphs).
 
 Binding
-    ``execute_model`` and each speculator's ``propose`` are wrapped to put the
-    step (runner and scheduler output, or input batch, plus ``dummy_run``) in
-    a context variable. The module-level name ``get_uniform_token_count`` is
-    wrapped in each calling module's namespace (never in ``cudagraph_utils``,
-    so other callers keep the shape rule) and consults that step.
+    ``execute_model`` and each speculator's ``propose`` are replaced (inline
+    hook points: plain functions, as they run every step) by versions that put
+    the step (runner and scheduler output, or input batch, plus ``dummy_run``)
+    in a context variable. The module-level name ``get_uniform_token_count``
+    is replaced in each calling module's namespace (never in
+    ``cudagraph_utils``, so other callers keep the shape rule): vLLM's count
+    decides first, and a uniform count is withdrawn while that step holds a
+    request in prefill.
 
 Why
     With K speculative tokens a prompt chunk of exactly K+1 tokens has the
@@ -44,6 +47,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +58,6 @@ from vllm_graphsafe.logic.phase import (
     any_row_scheduled,
     rows_in_prefill,
     rows_past_prefill,
-    uniform_decode_query_len,
 )
 from vllm_graphsafe.registry import HookPoint, Patch, SourceReader, logger
 from vllm_graphsafe.settings import Settings
@@ -119,86 +122,70 @@ def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatc
     ]
 
 
-# -- arguments of the wrapped calls ---------------------------------------------
-
-
-@functools.cache
-def _parameters(function: Any) -> tuple[inspect.Parameter, ...]:
-    return tuple(inspect.signature(function).parameters.values())
-
-
-def _argument(
-    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str
-) -> Any:
-    """``name``'s value in a call of ``wrapped``, or its default when not passed."""
-    if name in kwargs:
-        return kwargs[name]
-    parameters = _parameters(getattr(wrapped, "__func__", wrapped))
-    if hasattr(wrapped, "__self__"):
-        parameters = parameters[1:]
-    for index, parameter in enumerate(parameters):
-        if parameter.name == name:
-            if index < len(args):
-                return args[index]
-            return (
-                None
-                if parameter.default is inspect.Parameter.empty
-                else parameter.default
-            )
-    return None
-
-
 # -- the step being classified ------------------------------------------------
+#
+# Set by the wrapped execute_model / propose for the count to read:
+# (runner, scheduler_output, dummy_run) and (input_batch, dummy_run).
 
-
-@dataclass(frozen=True)
-class _TargetStep:
-    runner: Any
-    scheduler_output: Any
-    dummy_run: bool
-
-
-@dataclass(frozen=True)
-class _DraftStep:
-    input_batch: Any
-    dummy_run: bool
-
-
-_TARGET_STEP: contextvars.ContextVar[_TargetStep | None] = contextvars.ContextVar(
-    "graphsafe_mrv2_target_step", default=None
+_TARGET_STEP: contextvars.ContextVar[tuple[Any, Any, bool] | None] = (
+    contextvars.ContextVar("graphsafe_mrv2_target_step", default=None)
 )
-_DRAFT_STEP: contextvars.ContextVar[_DraftStep | None] = contextvars.ContextVar(
+_DRAFT_STEP: contextvars.ContextVar[tuple[Any, bool] | None] = contextvars.ContextVar(
     "graphsafe_mrv2_draft_step", default=None
 )
 
 
-def track_target_step(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    step = _TargetStep(
-        runner=instance,
-        scheduler_output=_argument(wrapped, args, kwargs, "scheduler_output"),
-        dummy_run=bool(_argument(wrapped, args, kwargs, "dummy_run")),
-    )
-    token = _TARGET_STEP.set(step)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _TARGET_STEP.reset(token)
+def _argument_reader(
+    function: Callable[..., Any], name: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """Reads ``name`` from a bound call's ``(args, kwargs)``, or its default."""
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    names = [parameter.name for parameter in parameters]
+    if name not in names:
+        raise TypeError(f"{function.__qualname__} takes no argument {name!r}")
+    position = names.index(name)
+    parameter = parameters[position]
+    default = None if parameter.default is parameter.empty else parameter.default
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[position] if position < len(args) else kwargs.get(name, default)
+
+    return read
 
 
-def track_draft_step(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    step = _DraftStep(
-        input_batch=_argument(wrapped, args, kwargs, "input_batch"),
-        dummy_run=bool(_argument(wrapped, args, kwargs, "dummy_run")),
-    )
-    token = _DRAFT_STEP.set(step)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _DRAFT_STEP.reset(token)
+def bind_target_step(execute_model: Callable[..., Any]) -> Callable[..., Any]:
+    """``execute_model`` publishing its step to the count (an inline hook point)."""
+    scheduler_output = _argument_reader(execute_model, "scheduler_output")
+    dummy_run = _argument_reader(execute_model, "dummy_run")
+
+    @functools.wraps(execute_model)
+    def execute_model_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = (self, scheduler_output(args, kwargs), bool(dummy_run(args, kwargs)))
+        token = _TARGET_STEP.set(step)
+        try:
+            return execute_model(self, *args, **kwargs)
+        finally:
+            _TARGET_STEP.reset(token)
+
+    return execute_model_step
+
+
+def bind_draft_step(propose: Callable[..., Any]) -> Callable[..., Any]:
+    """A speculator's ``propose`` publishing its step to the count."""
+    input_batch = _argument_reader(propose, "input_batch")
+    dummy_run = _argument_reader(propose, "dummy_run")
+
+    @functools.wraps(propose)
+    def propose_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _DRAFT_STEP.set(
+            (input_batch(args, kwargs), bool(dummy_run(args, kwargs)))
+        )
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            _DRAFT_STEP.reset(token)
+
+    return propose_step
 
 
 # -- is a scheduled request still in prefill? ----------------------------------
@@ -253,73 +240,60 @@ def input_batch_in_prefill(input_batch: Any) -> bool:
 # -- the phase-aware count ----------------------------------------------------
 
 
-def _classify(
-    wrapped: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    prefill_pending: Any,
-    event_prefix: str,
-) -> Any:
-    """The release's own count unless a uniform shape hides a prefill."""
-    scanned = False
+def bind_target_count(shape_count: Callable[..., Any]) -> Callable[..., Any]:
+    """The runner's ``get_uniform_token_count``, made phase-aware.
 
-    def pending() -> bool:
-        nonlocal scanned
-        scanned = True
-        return bool(prefill_pending())
+    vLLM's shape count decides first (it is cheap); a uniform count is then
+    withdrawn while a scheduled request is still in prefill.
+    """
+    count = stats.STATS.counter(PATCH_ID)
 
-    decode_len = uniform_decode_query_len(
-        int(_argument(wrapped, args, kwargs, "num_reqs")),
-        int(_argument(wrapped, args, kwargs, "num_tokens")),
-        int(_argument(wrapped, args, kwargs, "max_query_len")),
-        pending,
-    )
-    if decode_len is not None:
-        stats.STATS.count(PATCH_ID, event_prefix + stats.UNIFORM_DECODE)
-        return wrapped(*args, **kwargs)
-    if scanned:
-        stats.STATS.count(PATCH_ID, event_prefix + stats.KEPT_OFF_DECODE)
-        return None
-    stats.STATS.count(PATCH_ID, event_prefix + stats.NON_UNIFORM)
-    return wrapped(*args, **kwargs)
+    @functools.wraps(shape_count)
+    def phase_aware_target_count(*args: Any, **kwargs: Any) -> Any:
+        uniform = shape_count(*args, **kwargs)
+        step = _TARGET_STEP.get()
+        if step is None:
+            return uniform
+        runner, scheduler_output, dummy_run = step
+        if dummy_run:
+            count(stats.DUMMY)
+            return uniform
+        if uniform is None:
+            count(stats.NON_UNIFORM)
+            return None
+        if scheduled_request_in_prefill(runner.req_states, scheduler_output):
+            count(stats.KEPT_OFF_DECODE)
+            return None
+        count(stats.UNIFORM_DECODE)
+        return uniform
 
-
-def phase_aware_target_count(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    step = _TARGET_STEP.get()
-    if step is None:
-        return wrapped(*args, **kwargs)
-    if step.dummy_run:
-        stats.STATS.count(PATCH_ID, stats.DUMMY)
-        return wrapped(*args, **kwargs)
-    return _classify(
-        wrapped,
-        args,
-        kwargs,
-        lambda: scheduled_request_in_prefill(
-            step.runner.req_states, step.scheduler_output
-        ),
-        "",
-    )
+    return phase_aware_target_count
 
 
-def phase_aware_draft_count(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    step = _DRAFT_STEP.get()
-    if step is None:
-        return wrapped(*args, **kwargs)
-    if step.dummy_run:
-        stats.STATS.count(PATCH_ID, DRAFT_EVENT_PREFIX + stats.DUMMY)
-        return wrapped(*args, **kwargs)
-    return _classify(
-        wrapped,
-        args,
-        kwargs,
-        lambda: input_batch_in_prefill(step.input_batch),
-        DRAFT_EVENT_PREFIX,
-    )
+def bind_draft_count(shape_count: Callable[..., Any]) -> Callable[..., Any]:
+    """A speculator's ``get_uniform_token_count``, made phase-aware."""
+    count = stats.STATS.counter(PATCH_ID)
+
+    @functools.wraps(shape_count)
+    def phase_aware_draft_count(*args: Any, **kwargs: Any) -> Any:
+        uniform = shape_count(*args, **kwargs)
+        step = _DRAFT_STEP.get()
+        if step is None:
+            return uniform
+        input_batch, dummy_run = step
+        if dummy_run:
+            count(DRAFT_EVENT_PREFIX + stats.DUMMY)
+            return uniform
+        if uniform is None:
+            count(DRAFT_EVENT_PREFIX + stats.NON_UNIFORM)
+            return None
+        if input_batch_in_prefill(input_batch):
+            count(DRAFT_EVENT_PREFIX + stats.KEPT_OFF_DECODE)
+            return None
+        count(DRAFT_EVENT_PREFIX + stats.UNIFORM_DECODE)
+        return uniform
+
+    return phase_aware_draft_count
 
 
 class MRV2PhaseDispatchPatch(Patch):
@@ -356,19 +330,26 @@ class MRV2PhaseDispatchPatch(Patch):
         if self._sources is None:
             self._sources = SourceReader()
         hooks = [
-            HookPoint(RUNNER_MODULE, RUNNER_STEP, track_target_step),
+            HookPoint(RUNNER_MODULE, RUNNER_STEP, bind_target_step, inline=True),
             HookPoint(
-                RUNNER_MODULE, SHAPE_RULE, phase_aware_target_count, caller=RUNNER_STEP
+                RUNNER_MODULE,
+                SHAPE_RULE,
+                bind_target_count,
+                caller=RUNNER_STEP,
+                inline=True,
             ),
         ]
         for dispatcher in draft_prefill_dispatchers(self._sources):
             hooks += [
-                HookPoint(dispatcher.module, dispatcher.propose, track_draft_step),
+                HookPoint(
+                    dispatcher.module, dispatcher.propose, bind_draft_step, inline=True
+                ),
                 HookPoint(
                     dispatcher.module,
                     SHAPE_RULE,
-                    phase_aware_draft_count,
+                    bind_draft_count,
                     caller=dispatcher.propose,
+                    inline=True,
                 ),
             ]
         return hooks

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import stats
@@ -37,23 +38,35 @@ DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
 SHAPE_RULE = "GPUModelRunner._is_uniform_decode"
 PATCH_ID = "v1-phase-dispatch"
 
+#: Runner attribute caching whether the worker classifies before the state update.
+_EARLY_CLASSIFICATION = "_graphsafe_early_classification"
 _PHASE_STATE_NAMES = ("num_prompt_tokens", "is_prefilling", "num_computed_tokens")
 
 
-@functools.cache
-def _parameter_index(function: Any, name: str) -> int:
-    """Position of ``name`` among the arguments a bound call passes."""
-    parameters = list(inspect.signature(function).parameters)
-    return parameters.index(name) - (parameters[:1] == ["self"])
+#: Arguments the rule reads; a release whose dispatch lacks one is not patched.
+_RULE_ARGUMENTS = (
+    "num_tokens",
+    "num_reqs",
+    "max_num_scheduled_tokens",
+    "force_uniform_decode",
+)
 
 
-def _argument(
-    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str
-) -> Any:
-    if name in kwargs or not args:  # real steps pass keywords only
-        return kwargs.get(name)
-    index = _parameter_index(getattr(wrapped, "__func__", wrapped), name)
-    return args[index] if index < len(args) else None
+def _keyword_names(function: Callable[..., Any]) -> tuple[str, ...]:
+    """The names that positional arguments after ``self`` bind to."""
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    missing = [
+        name for name in _RULE_ARGUMENTS if name not in {p.name for p in parameters}
+    ]
+    positional_only = [
+        p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
+    ]
+    if missing or positional_only:
+        raise TypeError(
+            f"{DISPATCH} changed its signature (missing {missing}, positional-only "
+            f"{positional_only})"
+        )
+    return tuple(p.name for p in parameters)
 
 
 def prefill_pending(runner: Any, num_reqs: int) -> bool:
@@ -65,7 +78,7 @@ def prefill_pending(runner: Any, num_reqs: int) -> bool:
 
 def _classifies_before_state_update(runner: Any) -> bool:
     """Pipeline plus sequence parallel makes the worker classify each step early."""
-    cached = getattr(runner, "_graphsafe_early_classification", None)
+    cached = getattr(runner, _EARLY_CLASSIFICATION, None)
     if cached is None:
         early_call = (
             runner.parallel_config.pipeline_parallel_size > 1
@@ -81,39 +94,45 @@ def _classifies_before_state_update(runner: Any) -> bool:
                 "reliably. Upgrade vLLM or disable sequence parallelism to use it.",
                 PATCH_ID,
             )
-        runner._graphsafe_early_classification = cached = early_call
+        setattr(runner, _EARLY_CLASSIFICATION, early_call)
+        cached = early_call
     return bool(cached)
 
 
-def phase_aware_dispatch(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    if _argument(wrapped, args, kwargs, "force_uniform_decode") is not None:
-        stats.STATS.count(PATCH_ID, stats.DUMMY)
-        return wrapped(*args, **kwargs)
-    num_reqs = _argument(wrapped, args, kwargs, "num_reqs")
-    query_len = uniform_query_len(
-        num_reqs,
-        _argument(wrapped, args, kwargs, "num_tokens"),
-        _argument(wrapped, args, kwargs, "max_num_scheduled_tokens"),
-    )
-    if query_len != instance.uniform_decode_query_len:
-        stats.STATS.count(PATCH_ID, stats.NON_UNIFORM)
-        return wrapped(*args, **kwargs)
-    if _classifies_before_state_update(instance) or not prefill_pending(
-        instance, num_reqs
-    ):
-        stats.STATS.count(PATCH_ID, stats.UNIFORM_DECODE)
-        return wrapped(*args, **kwargs)
-    stats.STATS.count(PATCH_ID, stats.KEPT_OFF_DECODE)
-    index = _parameter_index(
-        getattr(wrapped, "__func__", wrapped), "force_uniform_decode"
-    )
-    if index < len(args):
-        args = (*args[:index], False, *args[index + 1 :])
-    else:
-        kwargs = {**kwargs, "force_uniform_decode": False}
-    return wrapped(*args, **kwargs)
+def bind_phase_aware_dispatch(determine: Callable[..., Any]) -> Callable[..., Any]:
+    """``determine`` (the runner's dispatch method) made phase-aware.
+
+    An inline hook point: it runs once per step, so it reads its arguments
+    straight from the keywords that ``execute_model`` passes.
+    """
+    names = _keyword_names(determine)
+    count = stats.STATS.counter(PATCH_ID)
+
+    @functools.wraps(determine)
+    def phase_aware_dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
+        if kwargs.get("force_uniform_decode") is not None:
+            count(stats.DUMMY)
+            return determine(self, **kwargs)
+        num_reqs = kwargs["num_reqs"]
+        query_len = uniform_query_len(
+            num_reqs, kwargs["num_tokens"], kwargs["max_num_scheduled_tokens"]
+        )
+        if query_len is None or query_len != self.uniform_decode_query_len:
+            count(stats.NON_UNIFORM)
+            return determine(self, **kwargs)
+        early = self.__dict__.get(_EARLY_CLASSIFICATION)
+        if early is None:
+            early = _classifies_before_state_update(self)
+        if early or not prefill_pending(self, num_reqs):
+            count(stats.UNIFORM_DECODE)
+            return determine(self, **kwargs)
+        count(stats.KEPT_OFF_DECODE)
+        kwargs["force_uniform_decode"] = False
+        return determine(self, **kwargs)
+
+    return phase_aware_dispatch
 
 
 class V1PhaseDispatchPatch(Patch):
@@ -133,7 +152,9 @@ class V1PhaseDispatchPatch(Patch):
         )
 
     def hook_points(self) -> list[HookPoint]:
-        return [HookPoint(RUNNER_MODULE, DISPATCH, phase_aware_dispatch)]
+        return [
+            HookPoint(RUNNER_MODULE, DISPATCH, bind_phase_aware_dispatch, inline=True)
+        ]
 
     def native_reason(self, sources: SourceReader) -> str | None:
         for qualname in (SHAPE_RULE, DISPATCH):
