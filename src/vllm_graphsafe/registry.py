@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -305,15 +306,41 @@ class SourceReader:
         return text[start:end]
 
 
-def _read_source(module: str) -> str | None:
+def _module_file(module: str) -> str | None:
+    """The file of ``module``, found without importing its parent packages.
+
+    ``importlib.util.find_spec`` imports every parent package of a dotted
+    name: in a process that has only ``vllm`` itself that runs package
+    ``__init__`` files which take seconds (``vllm.v1.worker.gpu.spec_decode``
+    imports ``vllm.config``). The package directories are searched first.
+    """
     loaded = sys.modules.get(module)
     path = getattr(loaded, "__file__", None)
-    if path is None:
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return None
-        path = spec.origin if spec is not None else None
+    if path is not None:
+        return str(path)
+    top, _, rest = module.partition(".")
+    try:
+        top_spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if top_spec is None:
+        return None
+    if not rest:
+        return top_spec.origin
+    for base in top_spec.submodule_search_locations or ():
+        candidate = Path(base, *rest.split("."))
+        for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+            if file.is_file():
+                return str(file)
+    try:  # an unusual layout (import hooks, zip files): ask the import system
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
+def _read_source(module: str) -> str | None:
+    path = _module_file(module)
     if path is None or not path.endswith(".py"):
         return None
     try:
