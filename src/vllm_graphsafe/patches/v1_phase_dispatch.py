@@ -69,13 +69,6 @@ def _keyword_names(function: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(p.name for p in parameters)
 
 
-def prefill_pending(runner: Any, num_reqs: int) -> bool:
-    batch = runner.input_batch
-    return not rows_past_prefill(
-        batch.num_computed_tokens_cpu[:num_reqs], batch.num_prompt_tokens[:num_reqs]
-    )
-
-
 def _classifies_before_state_update(runner: Any) -> bool:
     """Pipeline plus sequence parallel makes the worker classify each step early."""
     cached = getattr(runner, _EARLY_CLASSIFICATION, None)
@@ -119,13 +112,16 @@ def bind_phase_aware_dispatch(determine: Callable[..., Any]) -> Callable[..., An
         query_len = uniform_query_len(
             num_reqs, kwargs["num_tokens"], kwargs["max_num_scheduled_tokens"]
         )
-        if query_len is None or query_len != self.uniform_decode_query_len:
+        if query_len != self.uniform_decode_query_len:
             count(stats.NON_UNIFORM)
             return determine(self, **kwargs)
         early = self.__dict__.get(_EARLY_CLASSIFICATION)
         if early is None:
             early = _classifies_before_state_update(self)
-        if early or not prefill_pending(self, num_reqs):
+        batch = self.input_batch
+        if early or rows_past_prefill(
+            batch.num_computed_tokens_cpu[:num_reqs], batch.num_prompt_tokens[:num_reqs]
+        ):
             count(stats.UNIFORM_DECODE)
             return determine(self, **kwargs)
         count(stats.KEPT_OFF_DECODE)
