@@ -327,10 +327,8 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
         "finder on every import that is not hooked (median over runs). Bytecode "
         "cached = a byte-compiled copy of the package, as a wheel install leaves "
         "it. A bare `import vllm` is no vLLM process: whatever `register()` pulls "
-        "in there counts against it (on 0.27 its source survey's "
-        "`importlib.util.find_spec` runs `vllm.v1.worker.gpu.spec_decode`'s "
-        "`__init__`, which imports `vllm.config`; a vLLM process has that "
-        "already).",
+        "in there counts against it (its source survey reads the runner modules' "
+        "files without importing their packages).",
     ]
 
 
