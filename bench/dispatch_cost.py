@@ -191,17 +191,6 @@ def _exists(module: str) -> bool:
 # -- benchmark 1: V1 runner -----------------------------------------------------
 
 
-def bind_like_the_patch(owner: Any, hook: Any, attribute: str | None = None) -> None:
-    """Install ``hook``'s wrapper on ``owner`` the way the registry installs it."""
-    import wrapt
-
-    attribute = attribute or hook.qualname.rsplit(".", 1)[-1]
-    if hook.inline:
-        wrapt.wrap_object(owner, attribute, hook.wrapper)
-    else:
-        wrapt.wrap_function_wrapper(owner, attribute, hook.wrapper)
-
-
 def _v1_classify_only(
     self: Any,
     num_tokens: int,
@@ -272,7 +261,7 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     for cls in (shape_cls, phase_cls):
         cls._determine_batch_execution_and_padding = _v1_classify_only  # type: ignore[attr-defined]
     (dispatch_hook,) = V1PhaseDispatchPatch().hook_points()
-    bind_like_the_patch(phase_cls, dispatch_hook)
+    dispatch_hook.install(phase_cls)
 
     # The persistent batch keeps its per-row counts in CPU tensors and reads
     # them through .numpy(): every row past its prompt.
@@ -487,7 +476,7 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
         cudagraph_utils, "get_uniform_token_count", _uniform_token_count_027
     )
     counts = SimpleNamespace(get_uniform_token_count=shape_count)
-    bind_like_the_patch(counts, count_hook)
+    count_hook.install(counts)
     phase_count = counts.get_uniform_token_count
     shape_execute = _classification_lines(shape_count)
     phase_execute = _classification_lines(phase_count)
@@ -499,7 +488,7 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     shape_cls.execute_model = shape_execute  # type: ignore[attr-defined]
     phase_cls.execute_model = phase_execute  # type: ignore[attr-defined]
     native_cls.execute_model = _native_lines  # type: ignore[attr-defined]
-    bind_like_the_patch(phase_cls, step_hook)
+    step_hook.install(phase_cls)
     has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
 
     generator = np.random.default_rng(SEED)

@@ -76,6 +76,17 @@ class HookPoint:
     def symbol(self) -> str:
         return f"{self.module}.{self.qualname}"
 
+    def install(self, owner: Any, attribute: str | None = None) -> Any:
+        """Put this hook point's wrapper on ``owner`` (default: the leaf name).
+
+        An inline factory runs before anything is replaced, so a factory that
+        raises leaves ``owner`` untouched.
+        """
+        attribute = attribute or self.qualname.rsplit(".", 1)[-1]
+        if self.inline:
+            return wrapt.wrap_object(owner, attribute, self.wrapper)
+        return wrapt.wrap_function_wrapper(owner, attribute, self.wrapper)
+
 
 @dataclass
 class Patch:
@@ -165,15 +176,13 @@ class Patch:
                     if isinstance(parent, type)
                     else getattr(parent, attr)
                 )
+                try:
+                    installed = hook.install(parent, attr)
+                except (TypeError, ValueError) as error:
+                    self._fail(f"hook point {hook.symbol} cannot be bound: {error}")
+                    return
                 if hook.inline:
-                    try:  # the factory runs before anything is replaced
-                        replacement = wrapt.wrap_object(parent, attr, hook.wrapper)
-                    except (TypeError, ValueError) as error:
-                        self._fail(f"hook point {hook.symbol} cannot be bound: {error}")
-                        return
-                    setattr(replacement, INLINE_MARK, self.id)
-                else:
-                    wrapt.wrap_function_wrapper(parent, attr, hook.wrapper)
+                    setattr(installed, INLINE_MARK, self.id)
                 self._wrapped.append((parent, attr, original))
         self.reason = f"wrapped {len(self._wrapped)} hook point(s)"
 

@@ -100,9 +100,4 @@ def any_row_scheduled(
     """
     if isinstance(rows, np.ndarray):
         rows = rows.tolist()
-    owners = map(owner_of_row.get, rows)
-    if isinstance(scheduled, Mapping):
-        return not scheduled.keys().isdisjoint(owners)
-    if isinstance(scheduled, (set, frozenset)):
-        return not scheduled.isdisjoint(owners)
-    return any(map(scheduled.__contains__, owners))
+    return any(map(scheduled.__contains__, map(owner_of_row.get, rows)))

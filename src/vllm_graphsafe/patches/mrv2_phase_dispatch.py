@@ -124,13 +124,16 @@ def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatc
 
 # -- the step being classified ------------------------------------------------
 #
-# Set by the wrapped execute_model / propose for the count to read:
-# (runner, scheduler_output, dummy_run) and (input_batch, dummy_run).
+# The replaced execute_model / propose publish their step for the count to
+# read: (runner, scheduler_output, dummy_run) and (speculator, input_batch,
+# dummy_run).
 
-_TARGET_STEP: contextvars.ContextVar[tuple[Any, Any, bool] | None] = (
-    contextvars.ContextVar("graphsafe_mrv2_target_step", default=None)
+Step = tuple[Any, Any, bool]
+
+_TARGET_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
+    "graphsafe_mrv2_target_step", default=None
 )
-_DRAFT_STEP: contextvars.ContextVar[tuple[Any, bool] | None] = contextvars.ContextVar(
+_DRAFT_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "graphsafe_mrv2_draft_step", default=None
 )
 
@@ -153,39 +156,37 @@ def _argument_reader(
     return read
 
 
-def bind_target_step(execute_model: Callable[..., Any]) -> Callable[..., Any]:
-    """``execute_model`` publishing its step to the count (an inline hook point)."""
-    scheduler_output = _argument_reader(execute_model, "scheduler_output")
-    dummy_run = _argument_reader(execute_model, "dummy_run")
+def _step_publisher(
+    step_var: contextvars.ContextVar[Step | None], argument: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Factory of an inline hook point: a method that publishes its step."""
 
-    @functools.wraps(execute_model)
-    def execute_model_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        step = (self, scheduler_output(args, kwargs), bool(dummy_run(args, kwargs)))
-        token = _TARGET_STEP.set(step)
-        try:
-            return execute_model(self, *args, **kwargs)
-        finally:
-            _TARGET_STEP.reset(token)
+    def bind(method: Callable[..., Any]) -> Callable[..., Any]:
+        read_argument = _argument_reader(method, argument)
+        read_dummy_run = _argument_reader(method, "dummy_run")
 
-    return execute_model_step
+        @functools.wraps(method)
+        def publishing_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            step = (
+                self,
+                read_argument(args, kwargs),
+                bool(read_dummy_run(args, kwargs)),
+            )
+            token = step_var.set(step)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                step_var.reset(token)
+
+        return publishing_step
+
+    return bind
 
 
-def bind_draft_step(propose: Callable[..., Any]) -> Callable[..., Any]:
-    """A speculator's ``propose`` publishing its step to the count."""
-    input_batch = _argument_reader(propose, "input_batch")
-    dummy_run = _argument_reader(propose, "dummy_run")
-
-    @functools.wraps(propose)
-    def propose_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        token = _DRAFT_STEP.set(
-            (input_batch(args, kwargs), bool(dummy_run(args, kwargs)))
-        )
-        try:
-            return propose(self, *args, **kwargs)
-        finally:
-            _DRAFT_STEP.reset(token)
-
-    return propose_step
+#: ``GPUModelRunner.execute_model``, publishing its step.
+bind_target_step = _step_publisher(_TARGET_STEP, "scheduler_output")
+#: A speculator's ``propose``, publishing its step.
+bind_draft_step = _step_publisher(_DRAFT_STEP, "input_batch")
 
 
 # -- is a scheduled request still in prefill? ----------------------------------
@@ -240,60 +241,67 @@ def input_batch_in_prefill(input_batch: Any) -> bool:
 # -- the phase-aware count ----------------------------------------------------
 
 
-def bind_target_count(shape_count: Callable[..., Any]) -> Callable[..., Any]:
-    """The runner's ``get_uniform_token_count``, made phase-aware.
+def _phase_aware_count(
+    step_var: contextvars.ContextVar[Step | None],
+    in_prefill: Callable[[Any, Any], bool],
+    event_prefix: str,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Factory of an inline hook point: ``get_uniform_token_count`` made phase-aware.
 
     vLLM's shape count decides first (it is cheap); a uniform count is then
-    withdrawn while a scheduled request is still in prefill.
+    withdrawn while the published step holds a request in prefill.
     """
-    count = stats.STATS.counter(PATCH_ID)
+    dummy, non_uniform, kept_off, uniform_decode = (
+        event_prefix + event
+        for event in (
+            stats.DUMMY,
+            stats.NON_UNIFORM,
+            stats.KEPT_OFF_DECODE,
+            stats.UNIFORM_DECODE,
+        )
+    )
 
-    @functools.wraps(shape_count)
-    def phase_aware_target_count(*args: Any, **kwargs: Any) -> Any:
-        uniform = shape_count(*args, **kwargs)
-        step = _TARGET_STEP.get()
-        if step is None:
+    def bind(shape_count: Callable[..., Any]) -> Callable[..., Any]:
+        count = stats.STATS.counter(PATCH_ID)
+
+        @functools.wraps(shape_count)
+        def phase_aware_count(*args: Any, **kwargs: Any) -> Any:
+            uniform = shape_count(*args, **kwargs)
+            step = step_var.get()
+            if step is None:
+                return uniform
+            owner, argument, dummy_run = step
+            if dummy_run:
+                count(dummy)
+                return uniform
+            if uniform is None:
+                count(non_uniform)
+                return None
+            if in_prefill(owner, argument):
+                count(kept_off)
+                return None
+            count(uniform_decode)
             return uniform
-        runner, scheduler_output, dummy_run = step
-        if dummy_run:
-            count(stats.DUMMY)
-            return uniform
-        if uniform is None:
-            count(stats.NON_UNIFORM)
-            return None
-        if scheduled_request_in_prefill(runner.req_states, scheduler_output):
-            count(stats.KEPT_OFF_DECODE)
-            return None
-        count(stats.UNIFORM_DECODE)
-        return uniform
 
-    return phase_aware_target_count
+        return phase_aware_count
+
+    return bind
 
 
-def bind_draft_count(shape_count: Callable[..., Any]) -> Callable[..., Any]:
-    """A speculator's ``get_uniform_token_count``, made phase-aware."""
-    count = stats.STATS.counter(PATCH_ID)
+def _target_in_prefill(runner: Any, scheduler_output: Any) -> bool:
+    return scheduled_request_in_prefill(runner.req_states, scheduler_output)
 
-    @functools.wraps(shape_count)
-    def phase_aware_draft_count(*args: Any, **kwargs: Any) -> Any:
-        uniform = shape_count(*args, **kwargs)
-        step = _DRAFT_STEP.get()
-        if step is None:
-            return uniform
-        input_batch, dummy_run = step
-        if dummy_run:
-            count(DRAFT_EVENT_PREFIX + stats.DUMMY)
-            return uniform
-        if uniform is None:
-            count(DRAFT_EVENT_PREFIX + stats.NON_UNIFORM)
-            return None
-        if input_batch_in_prefill(input_batch):
-            count(DRAFT_EVENT_PREFIX + stats.KEPT_OFF_DECODE)
-            return None
-        count(DRAFT_EVENT_PREFIX + stats.UNIFORM_DECODE)
-        return uniform
 
-    return phase_aware_draft_count
+def _draft_in_prefill(speculator: Any, input_batch: Any) -> bool:
+    return input_batch_in_prefill(input_batch)
+
+
+#: The runner's count: a scheduled request's state says whether it is in prefill.
+bind_target_count = _phase_aware_count(_TARGET_STEP, _target_in_prefill, "")
+#: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
+bind_draft_count = _phase_aware_count(
+    _DRAFT_STEP, _draft_in_prefill, DRAFT_EVENT_PREFIX
+)
 
 
 class MRV2PhaseDispatchPatch(Patch):

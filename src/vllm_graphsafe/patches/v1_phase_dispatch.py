@@ -70,26 +70,26 @@ def _keyword_names(function: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def _classifies_before_state_update(runner: Any) -> bool:
-    """Pipeline plus sequence parallel makes the worker classify each step early."""
-    cached = getattr(runner, _EARLY_CLASSIFICATION, None)
-    if cached is None:
-        early_call = (
-            runner.parallel_config.pipeline_parallel_size > 1
-            and runner.compilation_config.pass_config.enable_sp
-            and "_determine_batch_execution_and_padding"
-            in (SourceReader().text(WORKER_MODULE) or "")
+    """Pipeline plus sequence parallel makes the worker classify each step early.
+
+    Decided once per runner and cached on it as ``_EARLY_CLASSIFICATION``.
+    """
+    early_call = bool(
+        runner.parallel_config.pipeline_parallel_size > 1
+        and runner.compilation_config.pass_config.enable_sp
+        and "_determine_batch_execution_and_padding"
+        in (SourceReader().text(WORKER_MODULE) or "")
+    )
+    if early_call:
+        logger.warning(
+            "vllm-graphsafe: %s is inactive: with pipeline and sequence "
+            "parallelism this vLLM's worker classifies each step before the "
+            "runner updates its request state, so the phase cannot be read "
+            "reliably. Upgrade vLLM or disable sequence parallelism to use it.",
+            PATCH_ID,
         )
-        if early_call:
-            logger.warning(
-                "vllm-graphsafe: %s is inactive: with pipeline and sequence "
-                "parallelism this vLLM's worker classifies each step before the "
-                "runner updates its request state, so the phase cannot be read "
-                "reliably. Upgrade vLLM or disable sequence parallelism to use it.",
-                PATCH_ID,
-            )
-        setattr(runner, _EARLY_CLASSIFICATION, early_call)
-        cached = early_call
-    return bool(cached)
+    setattr(runner, _EARLY_CLASSIFICATION, early_call)
+    return early_call
 
 
 def bind_phase_aware_dispatch(determine: Callable[..., Any]) -> Callable[..., Any]:
