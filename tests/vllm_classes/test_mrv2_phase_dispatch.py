@@ -229,6 +229,33 @@ def test_target_dispatch_receives_the_phase_aware_count(
     assert target_dispatch.counts == [expected_count(reqs, width)]
 
 
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize("width", [1, 4])
+def test_consecutive_steps_read_the_request_states_as_they_are_now(
+    width: int, target_dispatch: DispatchRecorder
+) -> None:
+    """One runner over three steps: decodes, a prompt joins, its prompt done."""
+    reqs = _decodes(width)
+    step = make_step(reqs, decode_query_len=width)
+    expected = []
+
+    def run(step_reqs: dict[str, Req]) -> None:
+        step.reqs = step_reqs
+        step.scheduler_output = mrv2_state.scheduler_output(step_reqs)
+        run_execute_model(step)
+        expected.append(expected_count(step_reqs, width))
+
+    run(reqs)
+    run({**reqs, "joined": Req(width, 0, width, new=True)})
+    # The runner's post-step update records the joined prompt as computed.
+    state = step.runner.req_states
+    state.num_computed_prefill_tokens[state.req_id_to_index["joined"]] = width
+    run({**reqs, "joined": Req(width, width, width, drafts=width - 1)})
+
+    assert expected == [width, None, width]
+    assert target_dispatch.counts == expected
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_dummy_capture_keeps_the_shape_rule(
     width: int, target_dispatch: DispatchRecorder

@@ -123,6 +123,39 @@ def test_stale_rows_past_the_batch_are_ignored(spec_tokens: int) -> None:
     assert record.uniform_decode == [True]
 
 
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_consecutive_steps_read_the_batch_as_it_is_now(spec_tokens: int) -> None:
+    """One runner, same batch size each step: rows change in place, then the batch."""
+    q = spec_tokens + 1
+    rows = all_decode(q)
+    batch = input_batch(rows)
+    record = DispatchRecord()
+    runner = make_runner(q, batch, record)
+    expected = []
+
+    def step() -> None:
+        run_dispatch(runner, [row.scheduled for row in rows])
+        expected.append(expected_uniform_decode(rows, q))
+
+    step()
+    # A finished request's row is reused, in place, by a fresh prompt.
+    rows[2] = Row(prompt=q, computed=0, scheduled=q)
+    batch.num_computed_tokens_cpu[2], batch.num_prompt_tokens[2] = 0, q
+    step()
+    # Its prompt computed: the same arrays describe a decode batch again.
+    rows[2] = Row(prompt=q, computed=q, scheduled=q)
+    batch.num_computed_tokens_cpu[2] = q
+    step()
+    # The runner gets a new input batch (new arrays) with a prompt in row 0.
+    rows[0] = Row(prompt=64 + q, computed=64, scheduled=q)
+    runner.input_batch = input_batch(rows)
+    step()
+
+    assert expected == [True, False, True, False]
+    assert record.uniform_decode == expected
+
+
 @pytest.mark.parametrize("forced", [True, False])
 @pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
 def test_dummy_and_capture_runs_keep_their_classification(

@@ -17,6 +17,8 @@ try:  # numpy 2's C entry point, without the keyword handling of np.count_nonzer
 except ImportError:  # numpy 1
     _count_nonzero = np.count_nonzero
 
+_less = np.less
+
 PrefillPending = Callable[[], bool]
 
 
@@ -35,6 +37,38 @@ def rows_past_prefill(num_computed: np.ndarray, num_prompt: np.ndarray) -> bool:
     counts as past prefill; a chunked tail with some tokens computed does not.
     """
     return not _count_nonzero(num_computed < num_prompt)
+
+
+class RowPrefix:
+    """The first ``num_rows`` rows of a computed and a prompt column, sliced once.
+
+    For a per-step check over a persistent batch: the views (and the buffer
+    the comparison writes to) are made once per batch size and stay valid as
+    long as the batch keeps the same column arrays, which ``computed`` and
+    ``prompt`` identify.
+    """
+
+    __slots__ = ("_computed_rows", "_in_prefill", "_prompt_rows", "computed", "prompt")
+
+    def __init__(self, computed: np.ndarray, prompt: np.ndarray, num_rows: int) -> None:
+        self.computed = computed
+        self.prompt = prompt
+        self._computed_rows = computed[:num_rows]
+        self._prompt_rows = prompt[:num_rows]
+        self._in_prefill = np.empty(len(self._computed_rows), dtype=bool)
+
+    def past_prefill(self) -> bool:
+        """:func:`rows_past_prefill` over the prefix, as the columns hold it now."""
+        return not _count_nonzero(
+            _less(self._computed_rows, self._prompt_rows, self._in_prefill)
+        )
+
+    def rows_in_prefill(self) -> np.ndarray:
+        """:func:`rows_in_prefill` over the prefix, as the columns hold it now."""
+        in_prefill = _less(self._computed_rows, self._prompt_rows, self._in_prefill)
+        if not _count_nonzero(in_prefill):
+            return _NO_ROWS
+        return in_prefill.nonzero()[0]
 
 
 def uniform_decode_query_len(

@@ -55,8 +55,8 @@ import numpy as np
 
 from vllm_graphsafe import stats
 from vllm_graphsafe.logic.phase import (
+    RowPrefix,
     any_row_scheduled,
-    rows_in_prefill,
     rows_past_prefill,
 )
 from vllm_graphsafe.registry import HookPoint, Patch, SourceReader, logger
@@ -128,7 +128,10 @@ def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatc
 # read: (runner, scheduler_output, dummy_run) and (speculator, input_batch,
 # dummy_run).
 
-Step = tuple[Any, Any, bool]
+Step = tuple[Any, Any, Any]
+ShapeCount = Callable[[int, int, int], "int | None"]
+#: ``get_uniform_token_count``'s parameters; a release that differs is not patched.
+_SHAPE_COUNT_PARAMETERS = ("num_reqs", "num_tokens", "max_query_len")
 
 _TARGET_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "graphsafe_mrv2_target_step", default=None
@@ -138,22 +141,19 @@ _DRAFT_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
 )
 
 
-def _argument_reader(
-    function: Callable[..., Any], name: str
-) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    """Reads ``name`` from a bound call's ``(args, kwargs)``, or its default."""
+def _parameter_slot(function: Callable[..., Any], name: str) -> tuple[int, Any]:
+    """Position (after ``self``) and default of ``function``'s parameter ``name``."""
     parameters = list(inspect.signature(function).parameters.values())[1:]
-    names = [parameter.name for parameter in parameters]
-    if name not in names:
-        raise TypeError(f"{function.__qualname__} takes no argument {name!r}")
-    position = names.index(name)
-    parameter = parameters[position]
-    default = None if parameter.default is parameter.empty else parameter.default
-
-    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return args[position] if position < len(args) else kwargs.get(name, default)
-
-    return read
+    for position, parameter in enumerate(parameters):
+        if parameter.name == name:
+            if parameter.kind not in (
+                parameter.POSITIONAL_ONLY,
+                parameter.POSITIONAL_OR_KEYWORD,
+            ):
+                break
+            empty = parameter.default is parameter.empty
+            return position, None if empty else parameter.default
+    raise TypeError(f"{function.__qualname__} takes no positional argument {name!r}")
 
 
 def _step_publisher(
@@ -162,17 +162,23 @@ def _step_publisher(
     """Factory of an inline hook point: a method that publishes its step."""
 
     def bind(method: Callable[..., Any]) -> Callable[..., Any]:
-        read_argument = _argument_reader(method, argument)
-        read_dummy_run = _argument_reader(method, "dummy_run")
+        argument_at, argument_default = _parameter_slot(method, argument)
+        dummy_run_at, dummy_run_default = _parameter_slot(method, "dummy_run")
 
         @functools.wraps(method)
         def publishing_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-            step = (
-                self,
-                read_argument(args, kwargs),
-                bool(read_dummy_run(args, kwargs)),
+            given = len(args)
+            token = step_var.set(
+                (
+                    self,
+                    args[argument_at]
+                    if given > argument_at
+                    else kwargs.get(argument, argument_default),
+                    args[dummy_run_at]
+                    if given > dummy_run_at
+                    else kwargs.get("dummy_run", dummy_run_default),
+                )
             )
-            token = step_var.set(step)
             try:
                 return method(self, *args, **kwargs)
             finally:
@@ -197,21 +203,43 @@ def _host(values: Any) -> np.ndarray:
     return values.np if hasattr(values, "np") else np.asarray(values)
 
 
-def scheduled_request_in_prefill(req_states: Any, scheduler_output: Any) -> bool:
-    """Whether a request scheduled this step has not computed its whole prefill.
+InPrefill = Callable[[Any, Any], bool]
 
-    Reads the rows still in prefill (usually few) and asks whether their
-    owners are scheduled, instead of looking up every scheduled request.
+
+class TargetPhase:
+    """Whether a request the runner schedules this step is still in prefill.
+
+    Reads the runner's request states (``req_states``): it scans the rows
+    still in prefill (usually few) and asks whether their owners are
+    scheduled, instead of looking up every scheduled request. The host views
+    of the two phase columns are taken once, and again only when the runner
+    holds different column objects.
     """
-    rows = rows_in_prefill(
-        _host(req_states.num_computed_prefill_tokens), _host(req_states.prefill_len)
-    )
-    if rows.size == 0:
-        return False
-    owners = getattr(req_states, "index_to_req_id", None)
-    if owners is None:
-        owners = {index: req_id for req_id, index in req_states.req_id_to_index.items()}
-    return any_row_scheduled(rows, owners, scheduler_output.num_scheduled_tokens)
+
+    def __init__(self) -> None:
+        self._columns: tuple[Any, Any] = (None, None)
+        self._table: RowPrefix | None = None
+
+    def __call__(self, runner: Any, scheduler_output: Any) -> bool:
+        req_states = runner.req_states
+        computed = req_states.num_computed_prefill_tokens
+        prefill_len = req_states.prefill_len
+        table = self._table
+        columns = self._columns
+        if table is None or columns[0] is not computed or columns[1] is not prefill_len:
+            host_computed = _host(computed)
+            table = RowPrefix(host_computed, _host(prefill_len), len(host_computed))
+            self._table = table
+            self._columns = (computed, prefill_len)
+        rows = table.rows_in_prefill()
+        if rows.size == 0:
+            return False
+        owners = getattr(req_states, "index_to_req_id", None)
+        if owners is None:
+            owners = {
+                index: req_id for req_id, index in req_states.req_id_to_index.items()
+            }
+        return any_row_scheduled(rows, owners, scheduler_output.num_scheduled_tokens)
 
 
 _warned_no_phase_state = False
@@ -243,13 +271,14 @@ def input_batch_in_prefill(input_batch: Any) -> bool:
 
 def _phase_aware_count(
     step_var: contextvars.ContextVar[Step | None],
-    in_prefill: Callable[[Any, Any], bool],
+    phase_reader: Callable[[], InPrefill],
     event_prefix: str,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Factory of an inline hook point: ``get_uniform_token_count`` made phase-aware.
 
     vLLM's shape count decides first (it is cheap); a uniform count is then
-    withdrawn while the published step holds a request in prefill.
+    withdrawn while the published step holds a request in prefill, as
+    ``phase_reader()`` reads it.
     """
     dummy, non_uniform, kept_off, uniform_decode = (
         event_prefix + event
@@ -261,12 +290,21 @@ def _phase_aware_count(
         )
     )
 
-    def bind(shape_count: Callable[..., Any]) -> Callable[..., Any]:
+    def bind(shape_count: ShapeCount) -> ShapeCount:
+        parameters = tuple(inspect.signature(shape_count).parameters)
+        if parameters != _SHAPE_COUNT_PARAMETERS:
+            raise TypeError(
+                f"{SHAPE_RULE} takes {parameters}, not the "
+                f"{_SHAPE_COUNT_PARAMETERS} this patch binds to"
+            )
         count = stats.STATS.counter(PATCH_ID)
+        in_prefill = phase_reader()
 
         @functools.wraps(shape_count)
-        def phase_aware_count(*args: Any, **kwargs: Any) -> Any:
-            uniform = shape_count(*args, **kwargs)
+        def phase_aware_count(
+            num_reqs: int, num_tokens: int, max_query_len: int
+        ) -> int | None:
+            uniform = shape_count(num_reqs, num_tokens, max_query_len)
             step = step_var.get()
             if step is None:
                 return uniform
@@ -288,19 +326,15 @@ def _phase_aware_count(
     return bind
 
 
-def _target_in_prefill(runner: Any, scheduler_output: Any) -> bool:
-    return scheduled_request_in_prefill(runner.req_states, scheduler_output)
-
-
 def _draft_in_prefill(speculator: Any, input_batch: Any) -> bool:
     return input_batch_in_prefill(input_batch)
 
 
 #: The runner's count: a scheduled request's state says whether it is in prefill.
-bind_target_count = _phase_aware_count(_TARGET_STEP, _target_in_prefill, "")
+bind_target_count = _phase_aware_count(_TARGET_STEP, TargetPhase, "")
 #: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
 bind_draft_count = _phase_aware_count(
-    _DRAFT_STEP, _draft_in_prefill, DRAFT_EVENT_PREFIX
+    _DRAFT_STEP, lambda: _draft_in_prefill, DRAFT_EVENT_PREFIX
 )
 
 

