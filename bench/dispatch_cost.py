@@ -19,8 +19,9 @@ Classification cost (benchmark 1)
     ``v1.shape``  ``int(num_scheduled_tokens_np.max())`` plus
                   ``_determine_batch_execution_and_padding`` cut after its
                   first statement (``_is_uniform_decode``).
-    ``v1.phase``  the same, the cut method bound to the patch's hook point
-                  as the registry binds it, over input-batch arrays of
+    ``v1.phase``  the same, with the patch's hook point (the shape rule
+                  made phase-aware) installed on the runner class as the
+                  registry installs it, over input-batch arrays of
                   ``TABLE_ROWS`` rows.
     ``mrv2.shape``  ``execute_model``'s classification lines: the ``max()``
                   over the scheduled dict and ``get_uniform_token_count``.

@@ -78,7 +78,13 @@ def _results() -> dict[str, Any]:
             {"v1.shape": 2e-6, "v1.phase": 3e-6, "mrv2.shape": 3e-6, "mrv2.phase": 4e-6}
         ),
         "0.32.0": _worker(
-            {"mrv2.shape": 3e-6, "mrv2.phase": 4e-6, "mrv2.native": 9e-5}
+            {
+                "v1.shape": 2e-6,
+                "v1.phase": 5e-6,
+                "mrv2.shape": 3e-6,
+                "mrv2.phase": 4e-6,
+                "mrv2.native": 9e-5,
+            }
         ),
     }
     runs = [_plugin_run("0.27.1", 25.0), _plugin_run("0.27.1", 27.0)]
@@ -108,7 +114,11 @@ def test_summaries_goals_and_markdown() -> None:
     results["goals"] = goals = report.check_goals(results)
 
     assert goals["v1_phase_added_us_at_256 (0.27.1)"]["met"] is True
+    assert goals["v1_phase_added_us_at_256 (0.32.0)"]["met"] is False
     assert goals["mrv2_phase_not_slower_than_native (0.32.0)"]["met"] is True
+    # The MRV2 patch stays inert where the release classifies by phase itself.
+    assert "mrv2_phase_added_us_at_256 (0.32.0)" not in goals
+    assert goals["mrv2_phase_added_us_at_256 (0.27.1)"]["met"] is True
     assert goals["plugin_cost_ms (0.27.1/process/cached)"]["met"] is True
     assert goals["end_to_end_throughput_ratio"]["met"] is True
     markdown = report.markdown(results)

@@ -164,11 +164,12 @@ def _step_publisher(
     def bind(method: Callable[..., Any]) -> Callable[..., Any]:
         argument_at, argument_default = _parameter_slot(method, argument)
         dummy_run_at, dummy_run_default = _parameter_slot(method, "dummy_run")
+        publish, withdraw = step_var.set, step_var.reset
 
         @functools.wraps(method)
         def publishing_step(self: Any, *args: Any, **kwargs: Any) -> Any:
             given = len(args)
-            token = step_var.set(
+            token = publish(
                 (
                     self,
                     args[argument_at]
@@ -182,7 +183,7 @@ def _step_publisher(
             try:
                 return method(self, *args, **kwargs)
             finally:
-                step_var.reset(token)
+                withdraw(token)
 
         return publishing_step
 
@@ -299,13 +300,14 @@ def _phase_aware_count(
             )
         count = stats.STATS.counter(PATCH_ID)
         in_prefill = phase_reader()
+        published_step = step_var.get
 
         @functools.wraps(shape_count)
         def phase_aware_count(
             num_reqs: int, num_tokens: int, max_query_len: int
         ) -> int | None:
             uniform = shape_count(num_reqs, num_tokens, max_query_len)
-            step = step_var.get()
+            step = published_step()
             if step is None:
                 return uniform
             owner, argument, dummy_run = step
