@@ -254,15 +254,19 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
             f"{list(signature.parameters)}; update the benchmark's cut copy"
         )
 
-    # Both runners run the cut copy, under the release's exact signature (the
-    # wrapper looks its arguments up by name).
-    _v1_classify_only.__signature__ = signature  # type: ignore[attr-defined]
+    # Both runners run the cut copy over vLLM's own shape rule (the plugin may
+    # have hooked GPUModelRunner's already: take the rule from under it); the
+    # phase runner's class then gets the patch's hook point.
+    shape_rule = inspect.getattr_static(GPUModelRunner, "_is_uniform_decode")
+    shape_rule = getattr(shape_rule, "__func__", shape_rule)
+    shape_rule = getattr(shape_rule, "__wrapped__", shape_rule)
     shape_cls = type("ShapeRuleRunner", (GPUModelRunner,), {})
     phase_cls = type("PhaseRuleRunner", (GPUModelRunner,), {})
     for cls in (shape_cls, phase_cls):
         cls._determine_batch_execution_and_padding = _v1_classify_only  # type: ignore[attr-defined]
-    (dispatch_hook,) = V1PhaseDispatchPatch().hook_points()
-    dispatch_hook.install(phase_cls)
+        cls._is_uniform_decode = staticmethod(shape_rule)  # type: ignore[attr-defined]
+    (shape_rule_hook,) = V1PhaseDispatchPatch().hook_points()
+    shape_rule_hook.install(phase_cls)
 
     # The persistent batch keeps its per-row counts in CPU tensors and reads
     # them through .numpy(): every row past its prompt.

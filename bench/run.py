@@ -74,8 +74,8 @@ FULL = Plan(
         ("bare", "cached"): 2,
         ("process", "source"): 2,
     },
-    e2e_repetitions=16,
-    e2e_max_tokens=192,
+    e2e_repetitions=32,
+    e2e_max_tokens=256,
     coverage_steps_per_width=1000,
 )
 

@@ -80,10 +80,13 @@ class HookPoint:
         """Put this hook point's wrapper on ``owner`` (default: the leaf name).
 
         An inline factory runs before anything is replaced, so a factory that
-        raises leaves ``owner`` untouched.
+        raises leaves ``owner`` untouched. An inline hook is never stacked on
+        one a patch installed (a subclass inherits its base's, for instance).
         """
         attribute = attribute or self.qualname.rsplit(".", 1)[-1]
         if self.inline:
+            if is_hooked(getattr(owner, attribute, None)):
+                raise ValueError(f"{self.symbol} already carries a patch's hook")
             return wrapt.wrap_object(owner, attribute, self.wrapper)
         return wrapt.wrap_function_wrapper(owner, attribute, self.wrapper)
 

@@ -285,3 +285,15 @@ def test_inline_hook_point_that_cannot_bind_fails_whole(
     assert len(warnings) == 1
     assert module.Runner().classify(1) == "shape", "half applied"
     assert module.Runner().step(3) == 4, "half applied"
+
+
+def test_inline_hook_is_never_stacked_on_an_installed_one(target: str) -> None:
+    module = importlib.import_module(target)
+    apply(InlinePatch(target))
+    subclass = type("SubRunner", (module.Runner,), {})
+    (hook, _) = InlinePatch(target).hook_points()
+
+    with pytest.raises(ValueError, match="already carries"):
+        hook.install(subclass, "classify")
+    assert "classify" not in vars(subclass)
+    assert subclass().classify(1) == "phase"

@@ -245,3 +245,28 @@ def test_pipeline_plus_sequence_parallel_never_decides_from_stale_state(
         assert "sequence parallelism" in refusals[0].getMessage()
     else:
         assert record.uniform_decode == [False, False]
+
+
+def test_a_shape_rule_that_is_not_the_static_one_is_refused() -> None:
+    """A release whose rule became a runner method, or the hook itself, is not bound."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_graphsafe.patches.v1_phase_dispatch import bind_phase_aware_shape_rule
+
+    def as_a_method(
+        self: object,
+        max_num_scheduled_tokens: int,
+        uniform_decode_query_len: int,
+        num_tokens: int,
+        num_reqs: int,
+        force_uniform_decode: bool | None = None,
+    ) -> bool:
+        return False
+
+    with pytest.raises(TypeError, match="static"):
+        bind_phase_aware_shape_rule(as_a_method)
+    rule = GPUModelRunner.__dict__["_is_uniform_decode"]
+    vllm_rule = getattr(rule, "__func__", rule)
+    hooked = bind_phase_aware_shape_rule(getattr(vllm_rule, "__wrapped__", vllm_rule))
+    with pytest.raises(TypeError, match="static"):
+        bind_phase_aware_shape_rule(hooked)

@@ -59,7 +59,9 @@ ShapeRule = Callable[[int, int, int, int, "bool | None"], bool]
 
 
 def _check_shape_rule(shape_rule: Callable[..., Any]) -> None:
-    parameters = tuple(inspect.signature(shape_rule).parameters)
+    # Not through functools.wraps' __wrapped__: a runner method (or this
+    # patch's own hook) has a ``self`` that the rule must not have.
+    parameters = tuple(inspect.signature(shape_rule, follow_wrapped=False).parameters)
     if parameters != _SHAPE_RULE_PARAMETERS:
         raise TypeError(
             f"{SHAPE_RULE} takes {parameters}, not the static "
