@@ -92,13 +92,17 @@ def _classifies_before_state_update(runner: Any) -> bool:
     return early_call
 
 
-def bind_phase_aware_shape_rule(shape_rule: ShapeRule) -> Callable[..., bool]:
+def bind_phase_aware_shape_rule(
+    shape_rule: ShapeRule | staticmethod[..., bool],
+) -> Callable[..., bool]:
     """vLLM's static ``_is_uniform_decode`` as a phase-aware runner method.
 
     An inline hook point: it runs once per step. The first ``num_reqs`` rows
     of the input batch's phase columns are sliced once per batch size and
     kept, as long as the batch keeps the same columns.
     """
+    if isinstance(shape_rule, staticmethod):
+        shape_rule = shape_rule.__func__
     _check_shape_rule(shape_rule)
     count = stats.STATS.counter(PATCH_ID)
     prefixes: dict[int, RowPrefix] = {}
