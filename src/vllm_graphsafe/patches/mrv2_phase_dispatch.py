@@ -207,32 +207,30 @@ def _host(values: Any) -> np.ndarray:
 InPrefill = Callable[[Any, Any], bool]
 
 
-class TargetPhase:
+def target_phase_reader() -> InPrefill:
     """Whether a request the runner schedules this step is still in prefill.
 
-    Reads the runner's request states (``req_states``): it scans the rows
-    still in prefill (usually few) and asks whether their owners are
+    The reader takes the runner's request states (``req_states``): it scans
+    the rows still in prefill (usually few) and asks whether their owners are
     scheduled, instead of looking up every scheduled request. The host views
     of the two phase columns are taken once, and again only when the runner
     holds different column objects.
     """
+    # [computed column, prefill_len column, RowPrefix over their host views]
+    table: list[Any] = [None, None, None]
 
-    def __init__(self) -> None:
-        self._columns: tuple[Any, Any] = (None, None)
-        self._table: RowPrefix | None = None
-
-    def __call__(self, runner: Any, scheduler_output: Any) -> bool:
+    def scheduled_request_in_prefill(runner: Any, scheduler_output: Any) -> bool:
         req_states = runner.req_states
         computed = req_states.num_computed_prefill_tokens
         prefill_len = req_states.prefill_len
-        table = self._table
-        columns = self._columns
-        if table is None or columns[0] is not computed or columns[1] is not prefill_len:
+        if table[0] is not computed or table[1] is not prefill_len:
             host_computed = _host(computed)
-            table = RowPrefix(host_computed, _host(prefill_len), len(host_computed))
-            self._table = table
-            self._columns = (computed, prefill_len)
-        rows = table.rows_in_prefill()
+            table[:] = (
+                computed,
+                prefill_len,
+                RowPrefix(host_computed, _host(prefill_len), len(host_computed)),
+            )
+        rows = table[2].rows_in_prefill()
         if rows.size == 0:
             return False
         owners = getattr(req_states, "index_to_req_id", None)
@@ -241,6 +239,8 @@ class TargetPhase:
                 index: req_id for req_id, index in req_states.req_id_to_index.items()
             }
         return any_row_scheduled(rows, owners, scheduler_output.num_scheduled_tokens)
+
+    return scheduled_request_in_prefill
 
 
 _warned_no_phase_state = False
@@ -333,7 +333,7 @@ def _draft_in_prefill(speculator: Any, input_batch: Any) -> bool:
 
 
 #: The runner's count: a scheduled request's state says whether it is in prefill.
-bind_target_count = _phase_aware_count(_TARGET_STEP, TargetPhase, "")
+bind_target_count = _phase_aware_count(_TARGET_STEP, target_phase_reader, "")
 #: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
 bind_draft_count = _phase_aware_count(
     _DRAFT_STEP, lambda: _draft_in_prefill, DRAFT_EVENT_PREFIX
