@@ -131,23 +131,30 @@ def check_goals(results: dict[str, Any]) -> dict[str, Any]:
             row = summary["cases"].get(f"{family}.phase", {}).get(GOAL_SIZE)
             if row is None or (native and family == "mrv2"):
                 continue
+            # The budget is in DESIGN.md's µs: this host's clock moves between
+            # states about x2 apart, so its raw µs say as much about the clock
+            # as about the code. Scaled by vLLM's own MRV2 shape rule, timed
+            # in the same rounds.
             added = row["added_us"]["median"]
+            fast = row["added_us"]["p10"]
+            judged = added / speed if speed else added
             verdict = (
                 ""
-                if added < ADDED_BUDGET_US
-                else f", over by {added - ADDED_BUDGET_US:.2f} µs"
+                if judged < ADDED_BUDGET_US
+                else f", over by {judged - ADDED_BUDGET_US:.2f} µs"
             )
-            scaled = (
-                f"; this host runs vLLM's MRV2 shape rule at 256 requests "
-                f"x{speed:.1f} slower than DESIGN.md's {DESIGN_SHAPE_US} µs, so "
-                f"on that host ≈ {added / speed:.1f} µs"
+            where = (
+                f"≈ {judged:.2f} µs on DESIGN.md's host (this host ran vLLM's "
+                f"MRV2 shape rule at 256 requests x{speed:.1f} slower than its "
+                f"{DESIGN_SHAPE_US} µs)"
                 if speed
-                else ""
+                else f"{added:.2f} µs"
             )
             goals[f"{family}_phase_added_us_at_256 ({version})"] = goal(
-                added < ADDED_BUDGET_US,
-                f"adds {added:.2f} µs per step at 256 requests (budget "
-                f"{ADDED_BUDGET_US:.0f} µs{verdict}){scaled}",
+                judged < ADDED_BUDGET_US,
+                f"adds {where}; here {added:.2f} µs median, {fast:.2f} µs in the "
+                f"fastest tenth of rounds, x{row['ratio']['median']:.2f} the "
+                f"shape rule (budget {ADDED_BUDGET_US:.0f} µs{verdict})",
             )
         versus = summary.get("phase_over_native", {})
         if versus:
