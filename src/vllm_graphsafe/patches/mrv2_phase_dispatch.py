@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from vllm_graphsafe import stats
+from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.logic.phase import (
     RowPrefix,
     any_row_scheduled,
@@ -159,12 +160,23 @@ def _parameter_slot(function: Callable[..., Any], name: str) -> tuple[int, Any]:
 def _step_publisher(
     step_var: contextvars.ContextVar[Step | None], argument: str
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Factory of an inline hook point: a method that publishes its step."""
+    """Factory of an inline hook point: a method that publishes its step.
+
+    The replacement declares the method's own parameters where they are all
+    named (:func:`~vllm_graphsafe.forwarding.publishing_method`), and packs
+    them otherwise.
+    """
 
     def bind(method: Callable[..., Any]) -> Callable[..., Any]:
         argument_at, argument_default = _parameter_slot(method, argument)
         dummy_run_at, dummy_run_default = _parameter_slot(method, "dummy_run")
         publish, withdraw = step_var.set, step_var.reset
+        receiver = next(iter(inspect.signature(method).parameters))
+        exact = publishing_method(
+            method, (receiver, argument, "dummy_run"), publish, withdraw
+        )
+        if exact is not None:
+            return exact
 
         @functools.wraps(method)
         def publishing_step(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,86 @@
+"""Method wrappers that run on every step, forwarding with the method's own parameters.
+
+A wrapper written ``(self, *args, **kwargs)`` packs a tuple and a dictionary
+on every call and unpacks them again to call the method, which costs about
+0.4 µs per step on a small host (bench/dispatch_cost.py). For a method whose
+parameters are all named, :func:`publishing_method` instead generates a
+wrapper that declares those same parameters (same names, kinds and
+defaults) and forwards them by name, as ``dataclasses`` generates its
+``__init__``. Any other signature gets ``None`` so that the caller falls back
+to a packing wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+_PREFIX = "_graphsafe_"
+_FORWARDABLE = (
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
+
+Publish = Callable[[tuple[Any, ...]], Any]
+Withdraw = Callable[[Any], Any]
+
+
+def publishing_method(
+    method: Callable[..., Any],
+    published: tuple[str, ...],
+    publish: Publish,
+    withdraw: Withdraw,
+) -> Callable[..., Any] | None:
+    """``method`` wrapped to publish the values of ``published`` around each call.
+
+    The wrapper calls ``publish`` with the tuple of those parameters' values
+    (as the call binds them, defaults included), runs ``method``, and always
+    calls ``withdraw`` with what ``publish`` returned. ``None`` when
+    ``method`` takes positional-only or variadic parameters, or lacks one of
+    ``published``.
+    """
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    names = [parameter.name for parameter in parameters]
+    if (
+        any(parameter.kind not in _FORWARDABLE for parameter in parameters)
+        or any(name.startswith(_PREFIX) for name in names)
+        or not set(published) <= set(names)
+    ):
+        return None
+
+    namespace: dict[str, Any] = {
+        f"{_PREFIX}method": method,
+        f"{_PREFIX}publish": publish,
+        f"{_PREFIX}withdraw": withdraw,
+    }
+    declared: list[str] = []
+    forwarded: list[str] = []
+    for parameter in parameters:
+        keyword_only = parameter.kind is parameter.KEYWORD_ONLY
+        if keyword_only and "*" not in declared:
+            declared.append("*")
+        if parameter.default is parameter.empty:
+            declared.append(parameter.name)
+        else:
+            default = f"{_PREFIX}default_{len(namespace)}"
+            namespace[default] = parameter.default
+            declared.append(f"{parameter.name}={default}")
+        forwarded.append(
+            f"{parameter.name}={parameter.name}" if keyword_only else parameter.name
+        )
+    source = (
+        f"def {_PREFIX}publishing({', '.join(declared)}):\n"
+        f"    {_PREFIX}token = {_PREFIX}publish(({', '.join(published)},))\n"
+        "    try:\n"
+        f"        return {_PREFIX}method({', '.join(forwarded)})\n"
+        "    finally:\n"
+        f"        {_PREFIX}withdraw({_PREFIX}token)\n"
+    )
+    filename = f"<vllm-graphsafe: {getattr(method, '__qualname__', 'method')}>"
+    exec(compile(source, filename, "exec"), namespace)
+    return functools.wraps(method)(namespace[f"{_PREFIX}publishing"])
