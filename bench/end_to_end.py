@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,10 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.cli.demo import free_port, stop_server, wait_for_health
 from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
 from vllm_graphsafe.stats import read_stats_dir
-from vllm_graphsafe.testing.engine import CPU_ENV, server_command
+from vllm_graphsafe.testing.server import (
+    LocalServer,
+    ServerStartError,
+    server_environment,
+    start_server,
+)
 from vllm_graphsafe.testing.tiny_model import build_tiny_model
 
 NUM_SPECULATIVE_TOKENS = 3
@@ -42,9 +45,16 @@ PROMPT_SEED = 0
 CONCURRENCY = 4
 STARTUP_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0
-#: Pause before each turn, so one turn's tail (the other server's included)
-#: does not run into the next.
-SETTLE_S = 1.0
+#: Before each turn, wait until neither server's processes have used CPU for
+#: this long: after its last request a vLLM CPU engine keeps spinning for about
+#: a second, on the same core as the other server's engine, which would slow
+#: the start of the next turn whichever server runs it.
+QUIET_S = 0.3
+QUIET_TIMEOUT_S = 10.0
+#: CPU ticks (usually 10 ms) the servers' housekeeping may use in a quiet spell.
+IDLE_TICKS = 1
+#: Where /proc cannot be read, a fixed pause instead.
+SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +65,8 @@ class Completion:
 
 
 @dataclass
-class Server:
+class Server(LocalServer):
     label: str
-    base_url: str
-    model: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
     stats_dir: Path
 
 
@@ -136,48 +142,78 @@ def run_turn(
 def started_server(
     label: str, model_dir: Path, workdir: Path, cache_root: Path, plugin: bool
 ) -> Any:
-    port = free_port()
     stats_dir = workdir / f"stats-{label}"
     stats_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **CPU_ENV,
-        **os.environ,
-        "VLLM_CACHE_ROOT": str(cache_root),
-        STATS_DIR_ENV: str(stats_dir),
-    }
-    env.pop("VLLM_PLUGINS", None)
-    env.pop(DISABLE_ENV, None)
+    overrides = {"VLLM_CACHE_ROOT": str(cache_root), STATS_DIR_ENV: str(stats_dir)}
     if not plugin:
-        env[DISABLE_ENV] = "all"
-    command = server_command(model_dir, port, NUM_SPECULATIVE_TOKENS)
-    command[0] = sys.executable
-    log_path = workdir / f"server-{label}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Server(
-        label, f"http://127.0.0.1:{port}", str(model_dir), process, log_path, stats_dir
+        overrides[DISABLE_ENV] = "all"
+    started = start_server(
+        model_dir,
+        env=server_environment(overrides, drop=("VLLM_PLUGINS", DISABLE_ENV)),
+        log_path=workdir / f"server-{label}.log",
+        num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
     )
+    server = Server(**vars(started), label=label, stats_dir=stats_dir)
     try:
         yield server
     finally:
-        stop_server(process)
+        server.stop()
 
 
 def wait_healthy(servers: list[Server]) -> None:
     for server in servers:
         try:
-            wait_for_health(server.base_url, server.process, STARTUP_TIMEOUT_S)
-        except RuntimeError as error:
-            tail = server.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(
-                f"{server.label} server: {error}; its log ends:\n{tail}"
-            ) from error
+            server.wait_until_healthy(STARTUP_TIMEOUT_S)
+        except ServerStartError as error:
+            raise RuntimeError(f"{server.label} server: {error}") from error
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its descendants, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    tree, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, ()))
+    return tree
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total
+
+
+def wait_until_quiet(servers: list[Server]) -> float:
+    """Wait until no server process used CPU for ``QUIET_S``; seconds waited."""
+    started = time.monotonic()
+    if not Path("/proc/self/stat").exists():
+        time.sleep(SETTLE_S)
+        return SETTLE_S
+    pids = [pid for server in servers for pid in _process_tree(server.process.pid)]
+    ticks = _cpu_ticks(pids)
+    while time.monotonic() - started < QUIET_TIMEOUT_S:
+        time.sleep(QUIET_S)
+        now = _cpu_ticks(pids)
+        if now - ticks <= IDLE_TICKS:
+            break
+        ticks = now
+    return time.monotonic() - started
 
 
 def dispatch_counts(server: Server) -> dict[str, Any]:
@@ -216,7 +252,7 @@ def run(
         for repetition in range(repetitions):
             order = ("on", "off") if repetition % 2 == 0 else ("off", "on")
             for label in order:
-                time.sleep(SETTLE_S)
+                wait_until_quiet(list(servers.values()))
                 turns[label].append(run_turn(servers[label], prompt_set, max_tokens))
             on, off = turns["on"][-1], turns["off"][-1]
             progress(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import statistics
+from math import nan
 from collections.abc import Sequence
 from typing import Any
 
-from bench.timing import difference, paired, ratio, summarize
+from bench.timing import difference, median_interval, paired, ratio, summarize
 
 #: Per-step classification goal: what the phase rule may add at 256 requests.
 ADDED_BUDGET_US = 2.0
@@ -98,10 +99,12 @@ def summarize_end_to_end(result: dict[str, Any]) -> dict[str, Any]:
     for metric in ("tokens_per_s", "mean_ttft_ms"):
         on = [turn[metric] for turn in turns["on"]]
         off = [turn[metric] for turn in turns["off"]]
+        ratios = paired(on, off, ratio)
         summary[metric] = {
             "on": summarize(on),
             "off": summarize(off),
-            "ratio_on_off": summarize(paired(on, off, ratio)),
+            "ratio_on_off": summarize(ratios),
+            "ratio_median_ci95": list(median_interval(ratios)),
         }
     return summary
 
@@ -115,8 +118,12 @@ def host_speed(summary: dict[str, Any]) -> float | None:
     return row["us"]["median"] / DESIGN_SHAPE_US if row else None
 
 
-def goal(met: bool | None, detail: str) -> dict[str, Any]:
-    return {"met": met, "detail": detail}
+def goal(met: bool | None, detail: str, verdict: str | None = None) -> dict[str, Any]:
+    """``met`` None: not measured, unless ``verdict`` says what else."""
+    result: dict[str, Any] = {"met": met, "detail": detail}
+    if verdict is not None:
+        result["verdict"] = verdict
+    return result
 
 
 def check_goals(results: dict[str, Any]) -> dict[str, Any]:
@@ -183,13 +190,33 @@ def check_goals(results: dict[str, Any]) -> dict[str, Any]:
         throughput = e2e["summary"]["tokens_per_s"]["ratio_on_off"]
         repetitions = e2e["raw"]["repetitions"]
         enough = repetitions >= MIN_E2E_REPETITIONS
-        goals["end_to_end_throughput_ratio"] = goal(
-            throughput["median"] >= THROUGHPUT_FLOOR if enough else None,
-            f"median output tokens/s on/off x{throughput['median']:.3f} "
-            f"[{throughput['p10']:.3f}…{throughput['p90']:.3f}] (floor "
-            f"{THROUGHPUT_FLOOR}) over {repetitions} repetition(s)"
-            + ("" if enough else "; too few to judge: run the full benchmark"),
+        median = throughput["median"]
+        low, high = e2e["summary"]["tokens_per_s"].get(
+            "ratio_median_ci95", (median, median)
         )
+        detail = (
+            f"median output tokens/s on/off x{median:.3f} "
+            f"[{throughput['p10']:.3f}…{throughput['p90']:.3f}], 95% interval of "
+            f"the median x{low:.3f}…x{high:.3f} (floor {THROUGHPUT_FLOOR}) over "
+            f"{repetitions} repetition(s)"
+        )
+        if not enough:
+            goals["end_to_end_throughput_ratio"] = goal(
+                None, detail + "; too few to judge: run the full benchmark"
+            )
+        elif median < THROUGHPUT_FLOOR <= high:
+            # Below the floor, but so is a fair share of what this host's noise
+            # alone gives: neither met nor shown missed.
+            goals["end_to_end_throughput_ratio"] = goal(
+                None,
+                detail + "; the interval holds the floor, so these repetitions "
+                "cannot tell a slowdown from this host's noise",
+                verdict="**not resolved**",
+            )
+        else:
+            goals["end_to_end_throughput_ratio"] = goal(
+                median >= THROUGHPUT_FLOOR, detail
+            )
     coverage = results.get("full_graph_coverage")
     if coverage:
         kept = coverage["decode_kept_pct"]
@@ -363,11 +390,20 @@ def end_to_end_markdown(results: dict[str, Any]) -> list[str]:
         f"lengths {', '.join(map(str, raw['prompt_lengths']))} tokens), "
         f"{raw['max_tokens']} output tokens each, concurrency "
         f"{raw['concurrency']}; {raw['repetitions']} repetition(s), on/off "
-        "interleaved (ABBA), ratios paired within each repetition.",
+        "interleaved (ABBA), ratios paired within each repetition. Before each "
+        "turn the run waits until neither server has used CPU for a moment: a "
+        "vLLM CPU engine spins for about a second after its last request, on the "
+        "core the other server's engine uses.",
         "",
         *table(
             ["", "plugin on", "plugin off (`VLLM_GRAPHSAFE_DISABLE=all`)", "on/off"],
             rows,
+        ),
+        "",
+        "95% interval of the median on/off ratio (distribution-free): output "
+        "tokens/s x{:.3f}…x{:.3f}, time to first token x{:.3f}…x{:.3f}.".format(
+            *summary["tokens_per_s"].get("ratio_median_ci95", (nan, nan)),
+            *summary["mean_ttft_ms"].get("ratio_median_ci95", (nan, nan)),
         ),
         "",
         "Dispatch decisions of the plugin-on server: "
@@ -416,10 +452,13 @@ def coverage_markdown(results: dict[str, Any]) -> list[str]:
     ]
 
 
+GOAL_MARKS = {True: "met", False: "**missed**", None: "not measured"}
+
+
 def goals_markdown(goals: dict[str, Any]) -> list[str]:
     lines = ["### Goals", ""]
     for name, result in goals.items():
-        mark = {True: "met", False: "**missed**", None: "not measured"}[result["met"]]
+        mark = result.get("verdict") or GOAL_MARKS[result["met"]]
         lines.append(f"- {name}: {mark} — {result['detail']}")
     return lines
 

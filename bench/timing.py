@@ -7,6 +7,7 @@ ratio can be taken inside each round.
 
 from __future__ import annotations
 
+import math
 import statistics
 import timeit
 from collections.abc import Callable, Mapping, Sequence
@@ -77,3 +78,27 @@ def ratio(a: float, b: float) -> float:
 
 def difference(a: float, b: float) -> float:
     return a - b
+
+
+def median_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of ``values``.
+
+    The order statistics ``x(k)`` and ``x(n + 1 - k)`` around the median, with
+    ``k`` the largest rank that keeps the binomial(n, 1/2) tails within
+    ``1 - confidence``. With too few values for that, the whole range.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1.0 - confidence) / 2
+    k, below = 0, 0.0
+    # below = P(Binomial(n, 1/2) < k + 1), the chance the median lies below x(k+1)
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return ordered[0], ordered[-1]
+    return ordered[k - 1], ordered[n - k]

@@ -134,3 +134,47 @@ def test_plot(tmp_path: Path) -> None:
     plot.draw(_results(), path)
 
     assert path.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("values", "interval"),
+    [
+        (list(range(1, 9)), (1, 8)),
+        (list(range(10, 0, -1)), (2, 9)),
+        (list(range(1, 17)), (4, 13)),
+        (list(range(1, 33)), (10, 23)),
+        (list(range(1, 101)), (40, 61)),
+    ],
+)
+def test_median_interval_takes_the_binomial_order_statistics(
+    values: list[int], interval: tuple[int, int]
+) -> None:
+    from bench.timing import median_interval
+
+    assert median_interval(values) == interval
+
+
+def _e2e_goal(on: list[float], off: list[float]) -> dict[str, Any]:
+    turns = {
+        label: [{"tokens_per_s": v, "mean_ttft_ms": 10.0} for v in values]
+        for label, values in (("on", on), ("off", off))
+    }
+    raw = {"repetitions": len(on), "turns": turns}
+    results = {"end_to_end": {"raw": raw, "summary": report.summarize_end_to_end(raw)}}
+    return report.check_goals(results)["end_to_end_throughput_ratio"]
+
+
+def test_a_throughput_ratio_below_the_floor_within_noise_is_not_resolved() -> None:
+    off = [1000.0] * 16
+    noisy = [900.0, 1100.0] * 7 + [960.0, 980.0]
+    result = _e2e_goal(noisy, off)
+    assert result["met"] is None
+    assert result["verdict"] == "**not resolved**"
+    assert "**not resolved**" in "\n".join(report.goals_markdown({"e2e": result}))
+
+
+def test_a_throughput_ratio_clearly_below_the_floor_is_missed() -> None:
+    off = [1000.0] * 16
+    slower = [960.0 + index for index in range(16)]
+    assert _e2e_goal(slower, off)["met"] is False
+    assert _e2e_goal([1000.0 + index for index in range(16)], off)["met"] is True

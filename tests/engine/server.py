@@ -7,23 +7,20 @@ import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.cli.demo import free_port, stop_server, wait_for_health
-from vllm_graphsafe.testing.engine import CPU_ENV, server_command
+from vllm_graphsafe.testing import server as local
+from vllm_graphsafe.testing.server import LocalServer, ServerStartError
+
+STARTUP_TIMEOUT_S = 400.0
+#: Set only where a test passes them: the plugin's switches and vLLM's plugin list.
+_CALLER_ONLY = ("VLLM_GRAPHSAFE_DISABLE", "VLLM_PLUGINS", "VLLM_GRAPHSAFE_STATS_DIR")
 
 
-@dataclass
-class Server:
-    base_url: str
-    model: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
+class Server(LocalServer):
     def complete(self, prompt: Any, max_tokens: int = 8) -> dict[str, Any]:
         body = {
             "model": self.model,
@@ -45,37 +42,25 @@ def running_server(
     model_dir: Path,
     workdir: Path,
     env: dict[str, str] | None = None,
-    extra_args: list[str] = (),  # type: ignore[assignment]
+    extra_args: Sequence[str] = (),
 ) -> Iterator[Server]:
-    port = free_port()
-    full_env = {
-        **CPU_ENV,
-        **os.environ,
+    overrides = {
         "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(workdir / "vllm")),
         **(env or {}),
     }
-    for name in ("VLLM_GRAPHSAFE_DISABLE", "VLLM_PLUGINS", "VLLM_GRAPHSAFE_STATS_DIR"):
-        if env is None or name not in env:
-            full_env.pop(name, None)
-    log_path = workdir / f"server-{port}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [*server_command(model_dir, port), *extra_args],
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base_url = f"http://127.0.0.1:{port}"
+    port = local.free_port()
     try:
-        try:
-            wait_for_health(base_url, process, timeout=400)
-        except RuntimeError as error:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise AssertionError(f"{error}\n{tail}") from error
-        yield Server(base_url, str(model_dir), process, log_path)
-    finally:
-        stop_server(process)
+        with local.running_server(
+            model_dir,
+            env=local.server_environment(overrides, drop=_CALLER_ONLY),
+            log_path=workdir / f"server-{port}.log",
+            startup_timeout=STARTUP_TIMEOUT_S,
+            port=port,
+            extra_args=extra_args,
+        ) as server:
+            yield Server(**vars(server))
+    except ServerStartError as error:
+        raise AssertionError(str(error)) from error
 
 
 def run_engine_script(script: Path, model_dir: Path, plugin: bool) -> dict[str, Any]:

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from contextlib import closing
 from pathlib import Path
 
 from vllm_graphsafe.settings import STATS_DIR_ENV
@@ -52,42 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the probe report here")
 
 
-def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_health(
-    base_url: str, server: subprocess.Popen[bytes], timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(
-                f"the vLLM server exited with status {server.returncode}"
-            )
-        try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"the vLLM server was not healthy after {timeout:.0f} s")
-
-
-def stop_server(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGINT)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=10)
-
-
 def section(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
@@ -96,7 +53,12 @@ def run(args: argparse.Namespace) -> int:
     from vllm_graphsafe.cli import doctor, probe
     from vllm_graphsafe.cli.main import build_parser
     from vllm_graphsafe.stats import read_stats_dir
-    from vllm_graphsafe.testing.engine import BLOCK_SIZE, CPU_ENV, server_command
+    from vllm_graphsafe.testing.engine import BLOCK_SIZE
+    from vllm_graphsafe.testing.server import (
+        ServerStartError,
+        server_environment,
+        start_server,
+    )
     from vllm_graphsafe.testing.tiny_model import build_tiny_model
 
     cache_dir = Path(args.cache_dir or Path.cwd() / ".cache" / "vllm-graphsafe")
@@ -105,38 +67,26 @@ def run(args: argparse.Namespace) -> int:
     model_dir = build_tiny_model(cache_dir / "models", seed=0)
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
-    port = args.port or free_port()
-    base_url = f"http://127.0.0.1:{port}"
     stats_dir = tempfile.mkdtemp(prefix="graphsafe-stats-")
-    env = {
-        **CPU_ENV,
-        **os.environ,
-        STATS_DIR_ENV: stats_dir,
-        "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-    }
+    overrides = {STATS_DIR_ENV: stats_dir, "VLLM_CACHE_ROOT": str(cache_dir / "vllm")}
     if args.without_plugin:
-        env["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    log_path = cache_dir / "demo-server.log"
-    command = server_command(
-        model_dir, port=port, num_speculative_tokens=args.num_speculative_tokens
-    )
+        overrides["VLLM_GRAPHSAFE_DISABLE"] = "all"
     section("starting vLLM")
-    print(" ".join(command))
-    print(f"server log: {log_path}")
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            command,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    server = start_server(
+        model_dir,
+        env=server_environment(overrides),
+        log_path=cache_dir / "demo-server.log",
+        port=args.port,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+    base_url = server.base_url
+    print(" ".join(map(str, server.process.args)))  # type: ignore[arg-type]
+    print(f"server log: {server.log_path}")
     try:
         try:
-            wait_for_health(base_url, server, args.startup_timeout)
-        except RuntimeError as error:
-            print(f"{error}; the last lines of its log:", file=sys.stderr)
-            print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+            server.wait_until_healthy(args.startup_timeout)
+        except ServerStartError as error:
+            print(error, file=sys.stderr)
             return EXIT_SERVER_FAILED
         print(f"healthy at {base_url} after {time.monotonic() - started:.0f} s")
 
@@ -186,5 +136,5 @@ def run(args: argparse.Namespace) -> int:
         print("\ninterrupted; stopping the server", file=sys.stderr)
         return 130
     finally:
-        stop_server(server)
+        server.stop()
         print("server stopped", flush=True)

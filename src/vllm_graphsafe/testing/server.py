@@ -1,0 +1,147 @@
+"""A local vLLM OpenAI-compatible server with the tiny model: start, wait, stop.
+
+Shared by the demo, the engine tests and the end-to-end benchmark. The server
+runs in its own process group on loopback and logs to a file, whose tail is
+shown when it fails to start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_graphsafe.testing.engine import CPU_ENV, server_command
+
+LOG_TAIL_CHARS = 3000
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or stayed unhealthy; the message ends with its log."""
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_environment(
+    overrides: Mapping[str, str] | None = None,
+    *,
+    drop: Sequence[str] = (),
+) -> dict[str, str]:
+    """This process's environment with the CPU settings, minus ``drop``, plus ``overrides``."""
+    env = {**CPU_ENV, **os.environ}
+    for name in drop:
+        env.pop(name, None)
+    env.update(overrides or {})
+    return env
+
+
+@dataclass
+class LocalServer:
+    base_url: str
+    model: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+
+    def wait_until_healthy(self, timeout: float) -> None:
+        """Return once ``/health`` answers 200; raise :class:`ServerStartError` if not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._failed(
+                    f"the vLLM server exited with status {self.process.returncode}"
+                )
+            try:
+                with urllib.request.urlopen(
+                    f"{self.base_url}/health", timeout=2
+                ) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        self._failed(f"the vLLM server was not healthy after {timeout:.0f} s")
+
+    def _failed(self, reason: str) -> None:
+        raise ServerStartError(
+            f"{reason}; the last lines of its log ({self.log_path}):\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """Interrupt the server's process group; kill it if it lingers."""
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def start_server(
+    model_dir: Path | str,
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    port: int = 0,
+    num_speculative_tokens: int = 3,
+    extra_args: Sequence[str] = (),
+) -> LocalServer:
+    """Start the server (``port`` 0 picks a free one); it is not healthy yet."""
+    port = port or free_port()
+    command = [
+        *server_command(model_dir, port, num_speculative_tokens),
+        *extra_args,
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return LocalServer(f"http://127.0.0.1:{port}", str(model_dir), process, log_path)
+
+
+@contextmanager
+def running_server(
+    model_dir: Path | str,
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    startup_timeout: float,
+    port: int = 0,
+    num_speculative_tokens: int = 3,
+    extra_args: Sequence[str] = (),
+) -> Iterator[LocalServer]:
+    """A healthy server for the ``with`` block, stopped after it."""
+    server = start_server(
+        model_dir,
+        env=env,
+        log_path=log_path,
+        port=port,
+        num_speculative_tokens=num_speculative_tokens,
+        extra_args=extra_args,
+    )
+    try:
+        server.wait_until_healthy(startup_timeout)
+        yield server
+    finally:
+        server.stop()
