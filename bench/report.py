@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from math import nan
 from collections.abc import Sequence
+from math import nan
 from typing import Any
 
 from bench.timing import difference, median_interval, paired, ratio, summarize

@@ -39,7 +39,10 @@ def server_environment(
     *,
     drop: Sequence[str] = (),
 ) -> dict[str, str]:
-    """This process's environment with the CPU settings, minus ``drop``, plus ``overrides``."""
+    """The CPU settings and this environment, less ``drop``, plus ``overrides``.
+
+    Nothing the caller did not name is removed: a user's own switches reach the server.
+    """
     env = {**CPU_ENV, **os.environ}
     for name in drop:
         env.pop(name, None)
@@ -58,7 +61,7 @@ class LocalServer:
         return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
 
     def wait_until_healthy(self, timeout: float) -> None:
-        """Return once ``/health`` answers 200; raise :class:`ServerStartError` if not."""
+        """Return once ``/health`` answers 200, else raise :class:`ServerStartError`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
