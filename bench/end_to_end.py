@@ -199,12 +199,12 @@ def _cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-def wait_until_quiet(servers: list[Server]) -> float:
-    """Wait until no server process used CPU for ``QUIET_S``; seconds waited."""
+def wait_until_quiet(servers: list[Server]) -> None:
+    """Wait until no server process used CPU for ``QUIET_S``."""
     started = time.monotonic()
     if not Path("/proc/self/stat").exists():
         time.sleep(SETTLE_S)
-        return SETTLE_S
+        return
     pids = [pid for server in servers for pid in _process_tree(server.process.pid)]
     ticks = _cpu_ticks(pids)
     while time.monotonic() - started < QUIET_TIMEOUT_S:
@@ -213,7 +213,6 @@ def wait_until_quiet(servers: list[Server]) -> float:
         if now - ticks <= IDLE_TICKS:
             break
         ticks = now
-    return time.monotonic() - started
 
 
 def dispatch_counts(server: Server) -> dict[str, Any]:
