@@ -11,29 +11,36 @@ Plugin cost (benchmark 2)
     import once a hook is pending.
 
 Classification cost (benchmark 1)
-    Per-step cost of deciding "uniform decode?" for a uniform batch of
-    ``num_reqs`` requests, every one past its prompt (the phase scans run to
-    the end). Each rule is driven the way the runner runs it, on the
-    release's own classes:
+    Per-step cost of deciding "uniform decode?" for a uniform speculative-decode
+    batch of ``num_reqs`` requests. Each rule is driven the way the runner runs
+    it, on the release's own classes, with the request state built by the
+    class tests' own fakes (``tests/vllm_classes``); the phase rules are what
+    the patches' hook factories make of vLLM's own rule.
 
     ``v1.shape``  ``int(num_scheduled_tokens_np.max())`` plus
                   ``_determine_batch_execution_and_padding`` cut after its
-                  first statement (``_is_uniform_decode``).
-    ``v1.phase``  the same, with the patch's hook point (the shape rule
-                  made phase-aware) installed on the runner class as the
-                  registry installs it, over input-batch arrays of
-                  ``TABLE_ROWS`` rows.
+                  first statement (``_is_uniform_decode``), vLLM's shape rule.
+    ``v1.phase``  the same over the patch's phase-aware rule
+                  (``bind_phase_aware_shape_rule``), every scheduled row past
+                  its prompt, in an input batch of ``TABLE_ROWS`` rows.
+    ``v1.phase_prefill``  as ``v1.phase`` with the last scheduled row a
+                  prompt chunk of 1 + K tokens (the answer flips to "not
+                  decode"); the scan is one vectorised comparison of the
+                  scheduled rows whatever they hold, so this is its worst case.
     ``mrv2.shape``  ``execute_model``'s classification lines: the ``max()``
                   over the scheduled dict and ``get_uniform_token_count``.
-    ``mrv2.phase``  the same lines with ``execute_model`` and the count
-                  bound to the patch's hook points as the registry binds
-                  them, over request states of
-                  ``TABLE_ROWS`` rows filled by the release's ``add_request``.
+    ``mrv2.phase``  the same lines published by the patch's step hook
+                  (``bind_target_step``) and counted by its count hook
+                  (``bind_target_count``), over request states of
+                  ``TABLE_ROWS`` rows filled by the release's ``add_request``,
+                  no row in prefill: the typical decode step.
     ``mrv2.phase_stale``  as ``mrv2.phase`` with ``STALE_ROWS`` more live
                   requests mid-prefill that are not scheduled this step (the
-                  scan's own worst case: each such row costs a lookup).
-    ``mrv2.native``  releases that classify by phase (0.28+): the ``max()``
-                  and ``gather_batch_req_state``, as ``execute_model`` runs them.
+                  scan's worst case: each such row costs a lookup); the table
+                  grows to ``num_reqs + STALE_ROWS`` rows where it must.
+    ``mrv2.native``  releases that classify by phase (0.28+), where the patch
+                  stays inert: the ``max()`` and ``gather_batch_req_state``,
+                  as ``execute_model`` runs them.
 
 Writes JSON to ``--out``; vLLM logs to stdout, so nothing else goes there.
 """
@@ -52,11 +59,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the bench package importable
-    sys.path.append(str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: make bench and tests importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.timing import interleaved_samples
 
@@ -147,7 +153,7 @@ def timed_import_machinery(totals: dict[str, float]) -> Iterator[None]:
                 totals["hooked_find_s"] += elapsed
             return spec
 
-        finder.find_spec = find_spec  # type: ignore[method-assign]
+        finder.find_spec = find_spec  # type: ignore[method-assign,unused-ignore]
     try:
         yield
     finally:
@@ -189,6 +195,31 @@ def _exists(module: str) -> bool:
         return False
 
 
+# -- shared fakes of vLLM's state -----------------------------------------------
+
+
+@contextmanager
+def table_rows(module: Any, constant: str, rows: int) -> Iterator[None]:
+    """Build the class tests' fakes with ``rows`` table rows instead of theirs."""
+    saved = getattr(module, constant)
+    setattr(module, constant, rows)
+    try:
+        yield
+    finally:
+        setattr(module, constant, saved)
+
+
+def unwrapped(function: Any) -> Any:
+    """vLLM's own function under a hook the plugin may have installed already."""
+    function = getattr(function, "__func__", function)
+    return inspect.unwrap(function)
+
+
+def fail_loudly(error: BaseException, reading: str) -> None:
+    """The hooks' ``on_failure``: a hook that fails here fails the benchmark."""
+    raise RuntimeError(f"the patch's hook failed reading {reading}") from error
+
+
 # -- benchmark 1: V1 runner -----------------------------------------------------
 
 
@@ -217,35 +248,15 @@ def _v1_classify_only(
     return uniform_decode
 
 
-def _v1_runner(cls: type, num_computed: Any, num_prompt: Any) -> Any:
-    runner: Any = object.__new__(cls)
-    parallel = SimpleNamespace(
-        pipeline_parallel_size=1, data_parallel_size=1, tensor_parallel_size=1
-    )
-    runner.__dict__.update(
-        uniform_decode_query_len=DECODE_QUERY_LEN,
-        input_batch=SimpleNamespace(
-            num_computed_tokens_cpu=num_computed,
-            num_prompt_tokens=num_prompt,
-            lora_id_to_lora_request={},
-        ),
-        parallel_config=parallel,
-        compilation_config=SimpleNamespace(
-            pass_config=SimpleNamespace(enable_sp=False)
-        ),
-    )
-    return runner
-
-
 def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    import torch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_graphsafe.patches.v1_phase_dispatch import V1PhaseDispatchPatch
+    from tests.vllm_classes import v1_runner
+    from tests.vllm_classes.v1_runner import DispatchRecord, Row
+    from vllm_graphsafe.patches.v1_phase_dispatch import bind_phase_aware_shape_rule
 
-    real = GPUModelRunner._determine_batch_execution_and_padding
-    real = getattr(real, "__wrapped__", real)
+    real = unwrapped(GPUModelRunner._determine_batch_execution_and_padding)
     signature = inspect.signature(real)
     ours = inspect.signature(_v1_classify_only)
     if set(signature.parameters) != set(ours.parameters):
@@ -254,41 +265,57 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
             f"{list(signature.parameters)}; update the benchmark's cut copy"
         )
 
-    # Both runners run the cut copy over vLLM's own shape rule (the plugin may
-    # have hooked GPUModelRunner's already: take the rule from under it); the
-    # phase runner's class then gets the patch's hook point.
-    shape_rule = inspect.getattr_static(GPUModelRunner, "_is_uniform_decode")
-    shape_rule = getattr(shape_rule, "__func__", shape_rule)
-    shape_rule = getattr(shape_rule, "__wrapped__", shape_rule)
+    # Both runners run the cut copy: one over vLLM's own shape rule, the other
+    # over what the patch's hook factory makes of that rule.
+    # On the class, the rule is vLLM's static one whether or not the plugin
+    # installed its own over it.
+    shape_rule = GPUModelRunner._is_uniform_decode
     shape_cls = type("ShapeRuleRunner", (GPUModelRunner,), {})
     phase_cls = type("PhaseRuleRunner", (GPUModelRunner,), {})
     for cls in (shape_cls, phase_cls):
         cls._determine_batch_execution_and_padding = _v1_classify_only  # type: ignore[attr-defined]
-        cls._is_uniform_decode = staticmethod(shape_rule)  # type: ignore[attr-defined]
-    (shape_rule_hook,) = V1PhaseDispatchPatch().hook_points()
-    shape_rule_hook.install(phase_cls)
+    shape_cls._is_uniform_decode = staticmethod(shape_rule)  # type: ignore[attr-defined]
+    phase_cls._is_uniform_decode = bind_phase_aware_shape_rule(  # type: ignore[attr-defined]
+        shape_rule, fail_loudly
+    )
 
-    # The persistent batch keeps its per-row counts in CPU tensors and reads
-    # them through .numpy(): every row past its prompt.
+    def runner(cls: type, rows: list[Any]) -> Any:
+        with table_rows(v1_runner, "MAX_ROWS", TABLE_ROWS):
+            batch = v1_runner.input_batch(rows)
+        made = v1_runner.make_runner(DECODE_QUERY_LEN, batch, DispatchRecord())
+        made.__class__ = cls
+        return made
+
+    # The persistent batch's rows, every one past its prompt.
     generator = np.random.default_rng(SEED)
-    prompt = generator.integers(4, 2048, TABLE_ROWS, dtype=np.int32)
-    computed = prompt + generator.integers(0, 512, TABLE_ROWS, dtype=np.int32)
-    num_prompt = torch.from_numpy(prompt).numpy()
-    num_computed = torch.from_numpy(computed).numpy()
-    shape_runner = _v1_runner(shape_cls, num_computed, num_prompt)
-    phase_runner = _v1_runner(phase_cls, num_computed, num_prompt)
+    decodes = [
+        Row(prompt=prompt, computed=prompt + extra, scheduled=DECODE_QUERY_LEN)
+        for prompt, extra in zip(
+            generator.integers(4, 2048, TABLE_ROWS).tolist(),
+            generator.integers(0, 512, TABLE_ROWS).tolist(),
+            strict=True,
+        )
+    ]
+    shape_runner = runner(shape_cls, decodes)
+    phase_runner = runner(phase_cls, decodes)
 
     cases: dict[int, dict[str, Step]] = {}
     for num_reqs in sizes:
+        # The last scheduled row is a prompt chunk of 1 + K tokens.
+        with_prefill = list(decodes)
+        with_prefill[num_reqs - 1] = Row(
+            prompt=DECODE_QUERY_LEN, computed=0, scheduled=DECODE_QUERY_LEN
+        )
         scheduled = np.full(num_reqs, DECODE_QUERY_LEN, dtype=np.int32)
         cases[num_reqs] = {
             "v1.shape": _v1_step(shape_runner, scheduled),
             "v1.phase": _v1_step(phase_runner, scheduled),
+            "v1.phase_prefill": _v1_step(runner(phase_cls, with_prefill), scheduled),
         }
+        expected = {"v1.shape": True, "v1.phase": True, "v1.phase_prefill": False}
         for name, case in cases[num_reqs].items():
-            if case() is not True:
-                raise RuntimeError(f"{name} did not classify a decode batch as decode")
-    _check_v1_keeps_prefill_off(phase_runner, num_computed)
+            if case() is not expected[name]:
+                raise RuntimeError(f"{name} did not answer {expected[name]}")
     return cases
 
 
@@ -310,28 +337,6 @@ def _v1_step(runner: Any, scheduled: Any) -> Step:
     return step
 
 
-def _check_v1_keeps_prefill_off(runner: Any, num_computed: Any) -> None:
-    """The harness exercises the real rule: one row in prefill flips the answer."""
-    import numpy as np
-
-    saved = int(num_computed[3])
-    num_computed[3] = 0
-    try:
-        scheduled = np.full(8, DECODE_QUERY_LEN, dtype=np.int32)
-        decided = runner._determine_batch_execution_and_padding(
-            num_tokens=8 * DECODE_QUERY_LEN,
-            num_reqs=8,
-            num_scheduled_tokens_np=scheduled,
-            max_num_scheduled_tokens=DECODE_QUERY_LEN,
-            use_cascade_attn=False,
-            num_encoder_reqs=0,
-        )
-    finally:
-        num_computed[3] = saved
-    if decided is not False:
-        raise RuntimeError("v1.phase classified a batch with a prefill as decode")
-
-
 # -- benchmark 1: Model Runner V2 ----------------------------------------------
 
 
@@ -344,87 +349,6 @@ def _uniform_token_count_027(
     ):
         return max_query_len
     return None
-
-
-class _HostColumn:
-    """A UVA-backed column on CPU: the runner reads and writes its ``.np``."""
-
-    def __init__(self, size: int) -> None:
-        import numpy as np
-
-        self.np = np.zeros(size, dtype=np.int32)
-
-
-class _StagedWrites:
-    """A device column whose staged writes nothing here reads back."""
-
-    def stage_write_elem(self, *_: Any) -> None:
-        return None
-
-    def stage_write(self, *_: Any) -> None:
-        return None
-
-
-def request_states(rows: int) -> Any:
-    """The release's ``RequestState`` without a device, as the class tests build it."""
-    import numpy as np
-    import torch
-    from vllm.v1.worker.gpu.states import RequestState
-
-    state = object.__new__(RequestState)
-    state.__dict__.update(
-        max_num_reqs=rows,
-        max_model_len=4096,
-        num_speculative_steps=NUM_SPECULATIVE_TOKENS,
-        req_id_to_index={},
-        index_to_req_id={},
-        free_indices=list(range(rows)),
-        prompt_len=_HostColumn(rows),
-        prefill_len=_HostColumn(rows),
-        total_len=_StagedWrites(),
-        all_token_ids=_StagedWrites(),
-        num_computed_prefill_tokens=np.zeros(rows, dtype=np.int32),
-        num_computed_tokens=_StagedWrites(),
-        num_computed_tokens_np=np.zeros(rows, dtype=np.int32),
-        max_seq_len=np.zeros(rows, dtype=np.int32),
-        draft_tokens=torch.zeros(rows, NUM_SPECULATIVE_TOKENS, dtype=torch.int64),
-    )
-    return state
-
-
-def _add_request(state: Any, req_id: str, prompt_len: int, computed: int) -> None:
-    extra = (
-        {"max_tokens": 256}
-        if "max_tokens" in inspect.signature(state.add_request).parameters
-        else {}
-    )
-    state.add_request(req_id, prompt_len, list(range(prompt_len)), computed, **extra)
-
-
-def scheduler_output(req_ids: list[str]) -> SimpleNamespace:
-    """A uniform speculative-decode step: every request schedules 1 + K tokens."""
-    return SimpleNamespace(
-        num_scheduled_tokens=dict.fromkeys(req_ids, DECODE_QUERY_LEN),
-        total_num_scheduled_tokens=DECODE_QUERY_LEN * len(req_ids),
-        scheduled_spec_decode_tokens={
-            req_id: [7] * NUM_SPECULATIVE_TOKENS for req_id in req_ids
-        },
-        scheduled_encoder_inputs={},
-    )
-
-
-def _mrv2_runner(cls: type, state: Any) -> Any:
-    runner: Any = object.__new__(cls)
-    runner.__dict__.update(
-        req_states=state,
-        decode_query_len=DECODE_QUERY_LEN,
-        num_speculative_steps=NUM_SPECULATIVE_TOKENS,
-        use_pp=False,
-        adaptive_verification=None,
-        pcp_manager=None,
-        lora_config=None,
-    )
-    return runner
 
 
 def _classification_lines(count: Callable[[int, int, int], Any]) -> Callable[..., Any]:
@@ -456,108 +380,117 @@ def _native_lines(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -
     return uniform_tok_count
 
 
+def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
+    """The class tests' MRV2 step over a request-state table of ``rows`` rows.
+
+    Their fake records reads of the phase columns through a Python-level
+    ``__getattribute__`` that vLLM's own ``RequestState`` does not have: the
+    table is handed back to the release's class so that no timing includes it.
+    """
+    from vllm.v1.worker.gpu.states import RequestState
+
+    from tests.vllm_classes import mrv2_state
+
+    with table_rows(mrv2_state, "MAX_REQS", rows):
+        step = mrv2_state.make_step(reqs, DECODE_QUERY_LEN)
+    step.runner.req_states.__class__ = RequestState
+    return step
+
+
 def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
     from vllm.v1.worker.gpu import cudagraph_utils
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
+    from tests.vllm_classes.mrv2_state import Req
     from vllm_graphsafe.patches.mrv2_phase_dispatch import (
-        RUNNER_MODULE,
-        MRV2PhaseDispatchPatch,
+        bind_target_count,
+        bind_target_step,
     )
 
-    hooks = {
-        hook.qualname: hook
-        for hook in MRV2PhaseDispatchPatch().hook_points()
-        if hook.module == RUNNER_MODULE
-    }
-    step_hook = hooks["GPUModelRunner.execute_model"]
-    count_hook = hooks["get_uniform_token_count"]
-
-    real_execute = GPUModelRunner.execute_model
-    real_execute = getattr(real_execute, "__wrapped__", real_execute)
-    execute_signature = inspect.signature(real_execute)
+    has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
+    execute_signature = inspect.signature(GPUModelRunner.execute_model)
     shape_count = getattr(
         cudagraph_utils, "get_uniform_token_count", _uniform_token_count_027
     )
-    counts = SimpleNamespace(get_uniform_token_count=shape_count)
-    count_hook.install(counts)
-    phase_count = counts.get_uniform_token_count
     shape_execute = _classification_lines(shape_count)
-    phase_execute = _classification_lines(phase_count)
+    phase_execute = _classification_lines(bind_target_count(shape_count, fail_loudly))
     for function in (shape_execute, phase_execute):
         function.__signature__ = execute_signature  # type: ignore[attr-defined]
     shape_cls = type("ShapeRuleRunnerV2", (GPUModelRunner,), {})
-    phase_cls = type("PhaseRuleRunnerV2", (GPUModelRunner,), {})
-    native_cls = type("NativeRunnerV2", (GPUModelRunner,), {})
     shape_cls.execute_model = shape_execute  # type: ignore[attr-defined]
-    phase_cls.execute_model = phase_execute  # type: ignore[attr-defined]
+    phase_cls = type("PhaseRuleRunnerV2", (GPUModelRunner,), {})
+    phase_cls.execute_model = bind_target_step(phase_execute, fail_loudly)  # type: ignore[attr-defined]
+    native_cls = type("NativeRunnerV2", (GPUModelRunner,), {})
     native_cls.execute_model = _native_lines  # type: ignore[attr-defined]
-    step_hook.install(phase_cls)
-    has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
+
+    def case(cls: type, step: Any) -> Step:
+        runner = step.runner
+        runner.__class__ = cls
+        output = step.scheduler_output
+
+        def run() -> Any:
+            return runner.execute_model(output, None)
+
+        return run
 
     generator = np.random.default_rng(SEED)
     cases: dict[int, dict[str, Step]] = {}
     for num_reqs in sizes:
-        state = request_states(TABLE_ROWS)
-        stale_state = (
-            request_states(TABLE_ROWS) if num_reqs + STALE_ROWS <= TABLE_ROWS else None
-        )
-        req_ids = [f"cmpl-{index:08x}-0" for index in range(num_reqs)]
-        for req_id in req_ids:
-            prompt_len = int(generator.integers(4, 2048))
-            computed = prompt_len + int(generator.integers(0, 512))
-            _add_request(state, req_id, prompt_len, prompt_len)
-            state.num_computed_tokens_np[state.req_id_to_index[req_id]] = computed
-            if stale_state is not None:
-                _add_request(stale_state, req_id, prompt_len, prompt_len)
-        if stale_state is not None:
-            for index in range(STALE_ROWS):
-                _add_request(stale_state, f"waiting-{index}", 512, 128)
-        output = scheduler_output(req_ids)
-        step_cases: dict[str, Step] = {
-            "mrv2.shape": _mrv2_step(_mrv2_runner(shape_cls, state), output),
-            "mrv2.phase": _mrv2_step(_mrv2_runner(phase_cls, state), output),
+        decodes = {}
+        for index in range(num_reqs):
+            prompt = int(generator.integers(4, 2048))
+            decodes[f"cmpl-{index:08x}-0"] = Req(
+                prefill_len=prompt,
+                computed=prompt + int(generator.integers(0, 512)),
+                scheduled=DECODE_QUERY_LEN,
+                drafts=NUM_SPECULATIVE_TOKENS,
+            )
+        # Live requests mid-prefill that this step leaves out: each costs the
+        # phase scan a lookup, its worst case.
+        stale = {
+            f"waiting-{index}": Req(prefill_len=512, computed=128, scheduled=0)
+            for index in range(STALE_ROWS)
         }
-        if stale_state is not None:
-            stale_runner = _mrv2_runner(phase_cls, stale_state)
-            step_cases["mrv2.phase_stale"] = _mrv2_step(stale_runner, output)
+        step_cases: dict[str, Step] = {
+            "mrv2.shape": case(shape_cls, mrv2_step(decodes, TABLE_ROWS)),
+        }
         if has_native:
-            native_runner = _mrv2_runner(native_cls, state)
-            step_cases["mrv2.native"] = _mrv2_step(native_runner, output)
-        for name, case in step_cases.items():
-            if case() != DECODE_QUERY_LEN:
+            step_cases["mrv2.native"] = case(native_cls, mrv2_step(decodes, TABLE_ROWS))
+        else:
+            step_cases["mrv2.phase"] = case(phase_cls, mrv2_step(decodes, TABLE_ROWS))
+            step_cases["mrv2.phase_stale"] = case(
+                phase_cls,
+                mrv2_step({**decodes, **stale}, max(TABLE_ROWS, num_reqs + STALE_ROWS)),
+            )
+        for name, run in step_cases.items():
+            if run() != DECODE_QUERY_LEN:
                 raise RuntimeError(f"{name} did not classify a decode batch as decode")
         cases[num_reqs] = step_cases
     _check_mrv2_keeps_prefill_off(shape_cls, phase_cls, native_cls, has_native)
     return cases
 
 
-def _mrv2_step(runner: Any, output: Any) -> Step:
-    """One step's classification, as the worker calls ``execute_model``."""
-
-    def step() -> Any:
-        return runner.execute_model(output, None)
-
-    return step
-
-
 def _check_mrv2_keeps_prefill_off(
     shape_cls: type, phase_cls: type, native_cls: type, has_native: bool
 ) -> None:
     """One 4-token prompt among decodes: the shape says decode, the phase rules not."""
-    state = request_states(64)
-    req_ids = [f"req-{index}" for index in range(8)]
-    for req_id in req_ids[:-1]:
-        _add_request(state, req_id, 100, 100)
-    _add_request(state, req_ids[-1], DECODE_QUERY_LEN, 0)
-    output = scheduler_output(req_ids)
-    if _mrv2_runner(shape_cls, state).execute_model(output, None) != DECODE_QUERY_LEN:
-        raise RuntimeError("mrv2.shape is not the shape-only rule")
-    runners = [phase_cls] + ([native_cls] if has_native else [])
-    for cls in runners:
-        if _mrv2_runner(cls, state).execute_model(output, None) is not None:
-            raise RuntimeError(f"{cls.__name__} classified a prefill as decode")
+    from tests.vllm_classes.mrv2_state import Req
+
+    reqs = {
+        f"req-{index}": Req(100, 100, DECODE_QUERY_LEN, drafts=NUM_SPECULATIVE_TOKENS)
+        for index in range(7)
+    }
+    reqs["prompt"] = Req(DECODE_QUERY_LEN, 0, DECODE_QUERY_LEN)
+    expected = {
+        shape_cls: DECODE_QUERY_LEN,
+        native_cls if has_native else phase_cls: None,
+    }
+    for cls, count in expected.items():
+        step = mrv2_step(reqs, 64)
+        step.runner.__class__ = cls
+        if step.runner.execute_model(step.scheduler_output, None) != count:
+            raise RuntimeError(f"{cls.__name__} did not count {count} for a prefill")
 
 
 # -- driver ---------------------------------------------------------------------

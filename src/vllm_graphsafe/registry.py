@@ -1,20 +1,30 @@
-"""The patch registry: what each fix wraps, and the state it ended in.
+"""The patch registry: what each fix hooks, what it reads, and its state.
 
-A patch binds wrappers to named hook points of vLLM modules. Where a module is
-not imported yet (the API server never imports the model runner), the patch
-checks the module's source text now and wraps the module when it is imported,
-through wrapt's post-import hooks, so the plugin costs the other processes
-nothing.
+A patch binds hooks to named points of vLLM modules. Where a module is not
+imported yet (the API server never imports the model runner), the patch judges
+the module's source now and hooks it when it is imported, through wrapt's
+post-import hooks, so the plugin costs the other processes nothing.
 
-Hook points on the per-step path are bound *inline*: wrapt installs a plain
-function made from the original by a factory, instead of a ``FunctionWrapper``
-whose descriptor and call protocol cost about 1 µs per call on a small host,
-as much as the phase rule itself (bench/dispatch_cost.py measures both).
+Two kinds of hook point:
+
+* :class:`WrapHook` puts a wrapt ``FunctionWrapper`` around the target, for
+  calls off the per-step path (dummy runs);
+* :class:`ReplaceHook` installs what a factory makes from the original: a
+  plain function (or descriptor) with the original's calling convention, for
+  the per-step path, where a ``FunctionWrapper``'s descriptor and call
+  protocol would cost about as much as the rule itself.
+
+A hook that meets an unexpected error in this project's code at run time calls
+the ``on_failure`` it was bound with (:meth:`Patch.fail_open`): the patch is
+removed in that process and marked ``failed``, and the hook returns vLLM's own
+answer. Strict mode re-raises instead.
 """
 
 from __future__ import annotations
 
+import ast
 import enum
+import functools
 import importlib.util
 import logging
 import sys
@@ -27,21 +37,25 @@ from typing import Any
 
 import wrapt
 
+from vllm_graphsafe import recognition
 from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
 
 logger = logging.getLogger("vllm.graphsafe")
 
-#: ``wrapper(wrapped, instance, args, kwargs)`` for wrapt's FunctionWrapper, or
-#: for an inline hook point ``factory(original) -> replacement``.
+#: ``on_failure(error, reading)``: a hook's own code failed while reading ``reading``.
+OnFailure = Callable[[BaseException, str], None]
+#: ``wrapper(wrapped, instance, args, kwargs, on_failure)`` of a :class:`WrapHook`.
 Wrapper = Callable[..., Any]
+#: ``factory(original, on_failure) -> replacement`` of a :class:`ReplaceHook`.
+Factory = Callable[[Any, OnFailure], Any]
 
-#: Set on an inline replacement: the id of the patch that installed it.
-INLINE_MARK = "__graphsafe_patch__"
+#: Set on a replacement: the id of the patch that installed it.
+REPLACEMENT_MARK = "__graphsafe_patch__"
 
 
 def is_hooked(value: Any) -> bool:
-    """Whether ``value`` is a wrapper that a patch installed."""
-    return isinstance(value, wrapt.FunctionWrapper) or hasattr(value, INLINE_MARK)
+    """Whether ``value`` is a hook that a patch installed."""
+    return isinstance(value, wrapt.FunctionWrapper) or hasattr(value, REPLACEMENT_MARK)
 
 
 class PatchState(str, enum.Enum):
@@ -56,58 +70,145 @@ class PatchFailedError(RuntimeError):
     """Raised in strict mode when a patch cannot bind to this vLLM."""
 
 
-@dataclass(frozen=True)
-class HookPoint:
-    """``qualname`` in ``module``, optionally required to be called from ``caller``.
-
-    ``caller`` guards against a hook point that still exists but no longer runs
-    where the fix needs it: its source must contain a call of the hook point.
-    ``inline`` makes ``wrapper`` a factory of a plain replacement function, for
-    hook points that run on every step.
-    """
-
+class _Located:
     module: str
     qualname: str
-    wrapper: Wrapper
-    caller: str | None = None
-    inline: bool = False
+    #: The hook point must be called (by name) from this qualname of ``module``.
+    caller: str | None
 
     @property
     def symbol(self) -> str:
         return f"{self.module}.{self.qualname}"
 
-    def install(self, owner: Any, attribute: str | None = None) -> Any:
-        """Put this hook point's wrapper on ``owner`` (default: the leaf name).
+    @property
+    def leaf(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
 
-        An inline factory runs before anything is replaced, so a factory that
-        raises leaves ``owner`` untouched. An inline hook is never stacked on
-        one a patch installed (a subclass inherits its base's, for instance).
-        """
-        attribute = attribute or self.qualname.rsplit(".", 1)[-1]
-        if self.inline:
-            if is_hooked(getattr(owner, attribute, None)):
-                raise ValueError(f"{self.symbol} already carries a patch's hook")
-            return wrapt.wrap_object(owner, attribute, self.wrapper)
-        return wrapt.wrap_function_wrapper(owner, attribute, self.wrapper)
+
+@dataclass(frozen=True)
+class WrapHook(_Located):
+    """``qualname`` in ``module`` wrapped by a wrapt ``FunctionWrapper``."""
+
+    module: str
+    qualname: str
+    wrapper: Wrapper
+    caller: str | None = None
+
+    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
+        wrapper = functools.partial(self.wrapper, on_failure=on_failure)
+        return wrapt.wrap_function_wrapper(owner, attribute, wrapper)
+
+
+@dataclass(frozen=True)
+class ReplaceHook(_Located):
+    """``qualname`` in ``module`` replaced by ``factory(original, on_failure)``.
+
+    The factory runs before anything is replaced, so a factory that raises
+    (``TypeError`` for a signature it does not support) leaves ``owner``
+    untouched. A replacement is never stacked on one a patch installed (a
+    subclass inherits its base's, for instance).
+    """
+
+    module: str
+    qualname: str
+    factory: Factory
+    caller: str | None = None
+
+    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
+        current = (
+            vars(owner).get(attribute)
+            if isinstance(owner, type)
+            else getattr(owner, attribute, None)
+        )
+        if is_hooked(getattr(owner, attribute, None)) or is_hooked(current):
+            raise ValueError(f"{self.symbol} already carries a patch's hook")
+        original = current if current is not None else getattr(owner, attribute)
+        replacement = self.factory(original, on_failure)
+        setattr(replacement, REPLACEMENT_MARK, True)
+        setattr(owner, attribute, replacement)
+        return replacement
+
+
+HookPoint = WrapHook | ReplaceHook
+
+
+@dataclass(frozen=True)
+class SetsAttribute:
+    """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
+
+    module: str
+    owner: str
+    attribute: str
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        cls = sources.class_node(self.module, self.owner)
+        if cls is None:
+            return f"{self.module}.{self.owner} is missing (read by {self.reader})"
+        if not recognition.class_sets_attribute(cls, self.attribute):
+            return (
+                f"{self.module}.{self.owner} no longer sets {self.attribute} "
+                f"(read by {self.reader})"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class TakesParameters:
+    """A hook reads these parameters of ``qualname`` in ``module``."""
+
+    module: str
+    qualname: str
+    parameters: tuple[str, ...]
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        node = sources.function_node(self.module, self.qualname)
+        if node is None:
+            return f"{self.module}.{self.qualname} is missing (read by {self.reader})"
+        lacking = [
+            p for p in self.parameters if p not in recognition.parameter_names(node)
+        ]
+        if lacking:
+            return (
+                f"{self.module}.{self.qualname} no longer takes "
+                f"{', '.join(lacking)} (read by {self.reader})"
+            )
+        return None
+
+
+Requirement = SetsAttribute | TakesParameters
 
 
 @dataclass
 class Patch:
-    """One fix, as data. Subclass and fill in the class attributes."""
+    """One fix, its facts as data. Subclass and fill in the fields.
+
+    The releases it is verified on come from ``data/releases.json``
+    (:attr:`verified_on`); everything users and the README read about a patch
+    is rendered from these fields (:mod:`vllm_graphsafe.catalogue`).
+    """
 
     id: str = ""
     title: str = ""
+    #: What it changes, in one or two sentences.
+    what: str = ""
+    #: Why: the failure it prevents.
+    why: str = ""
+    #: The vLLM code it hooks, for the catalogue.
+    binds_to: str = ""
     upstream: tuple[str, ...] = ()
-    tested_against: tuple[str, ...] = ()
     delete_when: str = ""
     #: The module whose presence decides whether the patch applies at all.
     anchor_module: str = ""
 
     state: PatchState | None = field(default=None, init=False)
     reason: str = field(default="", init=False)
-    _wrapped: list[tuple[Any, str, Any]] = field(default_factory=list, init=False)
+    _wrapped: list[tuple[Any, str, Any, Any]] = field(default_factory=list, init=False)
     _armed: set[str] = field(default_factory=set, init=False)
     _source_reader: SourceReader | None = field(default=None, init=False)
+    _settings: Settings | None = field(default=None, init=False)
+    _failed_at_run_time: bool = field(default=False, init=False)
 
     # -- what a concrete patch provides -------------------------------------
 
@@ -115,9 +216,26 @@ class Patch:
         """The hook points in this release; ``self.sources`` tells which exist."""
         raise NotImplementedError
 
+    def reads(self) -> list[Requirement]:
+        """What the hooks read from vLLM objects, checked in source at decide."""
+        return []
+
     def native_reason(self, sources: SourceReader) -> str | None:
         """Why this vLLM already has the fix natively, judged by its code."""
         raise NotImplementedError
+
+    # -- facts ------------------------------------------------------------------
+
+    @property
+    def verified_on(self) -> tuple[str, ...]:
+        from vllm_graphsafe.releases import verified_releases
+
+        return verified_releases(self.id)
+
+    @property
+    def tested_against(self) -> tuple[str, ...]:
+        """Deprecated name of :attr:`verified_on`."""
+        return self.verified_on
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -127,15 +245,18 @@ class Patch:
             self._source_reader = SourceReader()
         return self._source_reader
 
+    @property
+    def strict(self) -> bool:
+        settings = self._settings if self._settings is not None else read_settings()
+        return settings.strict
+
     def hook_modules(self) -> list[str]:
         return sorted({hook.module for hook in self.hook_points()})
 
     def decide(self, settings: Settings, sources: SourceReader) -> None:
-        """Settle the state from settings and source text, wrapping nothing."""
+        """Settle the state from settings and source code, hooking nothing."""
         self._source_reader = sources
-        if settings.is_disabled(self.id):
-            self._set(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
-            return
+        self._settings = settings
         if not sources.exists(self.anchor_module):
             self._set(
                 PatchState.NOT_APPLICABLE, f"this vLLM has no {self.anchor_module}"
@@ -143,17 +264,21 @@ class Patch:
             return
         native = self.native_reason(sources)
         if native is not None:
+            # ops: a fix vLLM has natively stays native when disabled (issue 18).
             self._set(PatchState.NATIVE, native)
+            return
+        if settings.is_disabled(self.id):
+            self._set(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
             return
         missing = self._missing_in_source(sources)
         if missing is not None:
             self._set(PatchState.FAILED, missing)
             return
         modules = ", ".join(self.hook_modules())
-        self._set(PatchState.APPLIED, f"wraps {modules} when imported")
+        self._set(PatchState.APPLIED, f"hooks {modules} when imported")
 
     def arm(self) -> None:
-        """Wrap each hook module now if imported, else when it is imported."""
+        """Hook each module now if imported, else when it is imported."""
         for module_name in self.hook_modules():
             if module_name not in self._armed:
                 self._armed.add(module_name)
@@ -172,7 +297,7 @@ class Patch:
                 self._fail(str(missing))
                 return
             for hook, (parent, attr) in targets:
-                if any(p is parent and a == attr for p, a, _ in self._wrapped):
+                if any(p is parent and a == attr for p, a, _, _ in self._wrapped):
                     continue
                 original = (
                     vars(parent)[attr]
@@ -180,20 +305,21 @@ class Patch:
                     else getattr(parent, attr)
                 )
                 try:
-                    installed = hook.install(parent, attr)
-                except (TypeError, ValueError) as error:
+                    installed = hook.install(parent, attr, self.fail_open)
+                except (TypeError, ValueError, AttributeError) as error:
                     self._fail(f"hook point {hook.symbol} cannot be bound: {error}")
                     return
-                if hook.inline:
-                    setattr(installed, INLINE_MARK, self.id)
-                self._wrapped.append((parent, attr, original))
-        self.reason = f"wrapped {len(self._wrapped)} hook point(s)"
+                self._wrapped.append((parent, attr, original, installed))
+        self.reason = f"hooked {len(self._wrapped)} point(s)"
 
     def remove(self) -> None:
-        """Restore every wrapped attribute; the patch can be applied again."""
+        """Restore every hooked attribute; the patch can be applied again."""
         with _LOCK:
-            for parent, attr, original in reversed(self._wrapped):
+            for parent, attr, original, installed in reversed(self._wrapped):
                 setattr(parent, attr, original)
+                release = getattr(installed, "release", None)
+                if callable(release) and hasattr(installed, REPLACEMENT_MARK):
+                    release()
             self._wrapped.clear()
         if self.state is PatchState.APPLIED:
             self._set(PatchState.DISABLED, "removed")
@@ -201,23 +327,52 @@ class Patch:
     def is_wrapped(self) -> bool:
         return bool(self._wrapped)
 
+    def fail_open(self, error: BaseException, reading: str) -> None:
+        """A hook's own code failed at run time: restore vLLM's code here.
+
+        Marks the patch ``failed`` in this process with one warning naming the
+        error and what the hook was reading; the calling hook then returns
+        vLLM's own answer. In strict mode the error is re-raised instead.
+        """
+        if self.strict:
+            raise error
+        with _LOCK:
+            if self._failed_at_run_time:
+                return
+            self._failed_at_run_time = True
+            self.remove()
+            self._set(
+                PatchState.FAILED,
+                f"{type(error).__name__}: {error} (while reading {reading})",
+            )
+        logger.warning(
+            "vllm-graphsafe: patch %s failed at run time (%s: %s, while reading "
+            "%s); this process continues with vLLM's own code, without the fix.",
+            self.id,
+            type(error).__name__,
+            error,
+            reading,
+        )
+
     # -- helpers --------------------------------------------------------------
 
     def _missing_in_source(self, sources: SourceReader) -> str | None:
         for hook in self.hook_points():
-            text = sources.text(hook.module)
-            if text is None:
+            if sources.text(hook.module) is None:
                 return f"hook point {hook.symbol} is missing: no module {hook.module}"
-            leaf = hook.qualname.rsplit(".", 1)[-1]
             if not sources.defines(hook.module, hook.qualname):
                 return f"hook point {hook.symbol} is missing"
-            if hook.caller is not None:
-                body = sources.function(hook.module, hook.caller)
-                if body is None or f"{leaf}(" not in body:
-                    return (
-                        f"hook point {hook.symbol} is no longer called from "
-                        f"{hook.module}.{hook.caller}"
-                    )
+            if hook.caller is not None and not sources.calls(
+                hook.module, hook.caller, hook.leaf
+            ):
+                return (
+                    f"hook point {hook.symbol} is no longer called from "
+                    f"{hook.module}.{hook.caller}"
+                )
+        for requirement in self.reads():
+            missing = requirement.missing(sources)
+            if missing is not None:
+                return missing
         return None
 
     def _fail(self, reason: str) -> None:
@@ -256,66 +411,84 @@ def report_failure(patch: Patch, reason: str) -> None:
         "vLLM runs without this fix. Check `vllm-graphsafe doctor` for the "
         "supported releases."
     )
-    if read_settings().strict:
-        raise PatchFailedError(
-            message + " Unset VLLM_GRAPHSAFE_STRICT to start without it."
-        )
+    if patch.strict:
+        raise PatchFailedError(message + " Unset strict mode to start without it.")
     logger.warning(message)
 
 
 class SourceReader:
-    """Reads vLLM module source text without importing the modules."""
+    """Reads vLLM module source without importing it, as text and as parsed code.
 
-    def __init__(self) -> None:
+    With ``root`` it reads ``<root>/vllm/...py`` (a vLLM source tree) instead
+    of the installed package, so a patch can judge an edited tree.
+    """
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = None if root is None else Path(root)
         self._texts: dict[str, str | None] = {}
+        self._trees: dict[str, ast.Module | None] = {}
 
     def exists(self, module: str) -> bool:
         return self.text(module) is not None
 
     def text(self, module: str) -> str | None:
         if module not in self._texts:
-            self._texts[module] = _read_source(module)
+            self._texts[module] = (
+                _read_source(module)
+                if self.root is None
+                else _read_tree_source(self.root, module)
+            )
         return self._texts[module]
 
+    def tree(self, module: str) -> ast.Module | None:
+        if module not in self._trees:
+            text = self.text(module)
+            self._trees[module] = None if text is None else recognition.parse(text)
+        return self._trees[module]
+
     def defines(self, module: str, qualname: str) -> bool:
-        text = self.text(module) or ""
-        leaf = qualname.rsplit(".", 1)[-1]
+        """Whether ``module`` defines ``qualname`` in code (a method, or a
+        module-level def, class, import or assignment)."""
+        tree = self.tree(module)
+        if tree is None:
+            return False
         if "." in qualname:
-            return self.function(module, qualname) is not None
-        return f"def {leaf}(" in text or f" {leaf}" in text
+            return recognition.find_function(tree, qualname) is not None
+        return recognition.module_binds(tree, qualname)
+
+    def function_node(
+        self, module: str, qualname: str
+    ) -> recognition.FunctionNode | None:
+        tree = self.tree(module)
+        return None if tree is None else recognition.find_function(tree, qualname)
 
     def function(self, module: str, qualname: str) -> str | None:
-        """Source of ``def <leaf>(`` up to the next definition at its indentation."""
+        """Source text of the ``def`` of ``qualname``, decorators excluded."""
+        node = self.function_node(module, qualname)
         text = self.text(module)
-        if text is None:
+        if node is None or text is None:
             return None
-        *owners, leaf = qualname.split(".")
-        indent = "    " * len(owners)
-        search_from = 0
-        for depth, owner in enumerate(owners):
-            found = text.find(f"\n{'    ' * depth}class {owner}(", search_from)
-            if found < 0:
-                found = text.find(f"\n{'    ' * depth}class {owner}:", search_from)
-            if found < 0:
-                return None
-            search_from = found
-        start = text.find(f"\n{indent}def {leaf}(", search_from)
-        if start < 0:
-            return None
-        if owners:
-            next_class = text.find("\nclass ", search_from + 1)
-            if 0 <= next_class < start:
-                return None
-        end = len(text)
-        for marker in (f"\n{indent}def ", f"\n{indent}@", f"\n{indent}async def "):
-            found = text.find(marker, start + 1)
-            if found >= 0:
-                end = min(end, found)
-        if indent:
-            found = text.find("\nclass ", start + 1)
-            if found >= 0:
-                end = min(end, found)
-        return text[start:end]
+        lines = text.splitlines(keepends=True)
+        return "".join(lines[node.lineno - 1 : node.end_lineno])
+
+    def class_node(self, module: str, name: str) -> ast.ClassDef | None:
+        tree = self.tree(module)
+        return None if tree is None else recognition.find_class(tree, name)
+
+    def calls(self, module: str, caller: str, callee: str) -> bool:
+        """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
+        node = self.function_node(module, caller)
+        return node is not None and recognition.calls_name(node, callee)
+
+
+def _read_tree_source(root: Path, module: str) -> str | None:
+    base = root.joinpath(*module.split("."))
+    for file in (base.with_suffix(".py"), base / "__init__.py"):
+        try:
+            return file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
 
 
 def _module_file(module: str) -> str | None:
@@ -378,8 +551,9 @@ class Registry:
         sources = SourceReader()
         with _LOCK:
             for patch in self.patches:
-                if patch.state is PatchState.APPLIED and not settings.is_disabled(
-                    patch.id
+                if patch._failed_at_run_time or (
+                    patch.state is PatchState.APPLIED
+                    and not settings.is_disabled(patch.id)
                 ):
                     continue
                 if patch.is_wrapped():

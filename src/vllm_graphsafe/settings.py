@@ -1,15 +1,33 @@
-"""Operator switches. Environment variables, so that they reach every vLLM process."""
+"""Operator switches. Environment variables, so that they reach every vLLM process.
+
+The names sit outside vLLM's ``VLLM_`` prefix, which vLLM reserves for its own
+variables (it warns about unknown ones). The first names, ``VLLM_GRAPHSAFE_*``,
+are still honoured and reported as deprecated.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-DISABLE_ENV = "VLLM_GRAPHSAFE_DISABLE"
-STRICT_ENV = "VLLM_GRAPHSAFE_STRICT"
-STATS_DIR_ENV = "VLLM_GRAPHSAFE_STATS_DIR"
+DISABLE_ENV = "GRAPHSAFE_DISABLE"
+STRICT_ENV = "GRAPHSAFE_STRICT"
+STATS_DIR_ENV = "GRAPHSAFE_STATS_DIR"
+EMULATE_ENV = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
+#: Set by the plugin in the API server process, for the engine processes it starts:
+#: the private directory where every process leaves its counts for ``/metrics``.
+METRICS_DIR_ENV = "GRAPHSAFE_METRICS_DIR"
 
-_TRUE = {"1", "true", "yes", "on"}
+#: Every operator switch, with its deprecated first name.
+DEPRECATED_NAMES = {
+    name: f"VLLM_{name}" for name in (DISABLE_ENV, STRICT_ENV, STATS_DIR_ENV)
+}
+DISABLE_ALL = frozenset({"all", "*"})
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
@@ -18,18 +36,113 @@ class Settings:
     disable_all: bool
     strict: bool
     stats_dir: str | None
+    emulate_graph_hazard: bool = False
+    #: The private directory behind ``/metrics`` (set by the plugin, not by hand).
+    metrics_dir: str | None = None
+    #: One sentence per value that could not be read as meant.
+    problems: tuple[str, ...] = ()
+    #: The deprecated names found in the environment.
+    deprecated: tuple[str, ...] = ()
 
     def is_disabled(self, patch_id: str) -> bool:
         return self.disable_all or patch_id in self.disabled_ids
 
 
-def read_settings(environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
+def _lookup(env: Mapping[str, str], name: str) -> tuple[str | None, str | None]:
+    """The value of ``name`` (else its deprecated name), and the old name if used."""
+    if name in env:
+        return env[name], None
+    old = DEPRECATED_NAMES.get(name)
+    if old is not None and old in env:
+        return env[old], old
+    return None, None
+
+
+def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
+    value = (raw or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        problems.append(
+            f"{name}={raw!r} is not a boolean (use 1 or 0); it is read as off."
+        )
+    return False
+
+
+def known_patch_ids() -> list[str]:
+    from vllm_graphsafe.patches import all_patches
+
+    return [patch.id for patch in all_patches()]
+
+
+def read_settings(
+    environ: Mapping[str, str] | None = None,
+    *,
+    patch_ids: list[str] | None = None,
+) -> Settings:
+    """The switches in ``environ`` (default: this process's environment).
+
+    ``patch_ids`` are the ids ``GRAPHSAFE_DISABLE`` may name (default: every
+    patch of this package).
+    """
     env = os.environ if environ is None else environ
-    ids = {part.strip() for part in env.get(DISABLE_ENV, "").split(",") if part.strip()}
-    disable_all = bool(ids & {"all", "*"}) or env.get(DISABLE_ENV, "").strip() in _TRUE
+    problems: list[str] = []
+    deprecated: list[str] = []
+
+    def lookup(name: str) -> str | None:
+        value, old = _lookup(env, name)
+        if old is not None:
+            deprecated.append(old)
+        return value
+
+    disable_raw = lookup(DISABLE_ENV) or ""
+    ids = {part.strip() for part in disable_raw.split(",") if part.strip()}
+    disable_all = bool(ids & DISABLE_ALL) or disable_raw.strip().lower() in _TRUE
+    if not disable_all and ids:
+        known = patch_ids if patch_ids is not None else known_patch_ids()
+        for unknown in sorted(ids - set(known)):
+            problems.append(
+                f"{DISABLE_ENV} names {unknown!r}, which is no patch of vllm-graphsafe "
+                f"(known: {', '.join(known)}, or all); it is ignored."
+            )
+    strict = _boolean(STRICT_ENV, lookup(STRICT_ENV), problems)
+    emulate = _boolean(EMULATE_ENV, env.get(EMULATE_ENV), problems)
     return Settings(
         disabled_ids=frozenset(ids),
         disable_all=disable_all,
-        strict=env.get(STRICT_ENV, "").strip().lower() in _TRUE,
-        stats_dir=env.get(STATS_DIR_ENV) or None,
+        strict=strict,
+        stats_dir=lookup(STATS_DIR_ENV) or None,
+        emulate_graph_hazard=emulate,
+        metrics_dir=env.get(METRICS_DIR_ENV) or None,
+        problems=tuple(problems),
+        deprecated=tuple(deprecated),
     )
+
+
+def emulate_graph_hazard(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` switches the emulator on."""
+    env = os.environ if environ is None else environ
+    return (env.get(EMULATE_ENV) or "").strip().lower() in _TRUE
+
+
+def deprecation_sentences(settings: Settings) -> list[str]:
+    renamed = {old: new for new, old in DEPRECATED_NAMES.items()}
+    return [
+        f"{old} is deprecated; name it {renamed[old]} (vLLM warns about unknown "
+        "VLLM_* variables)."
+        for old in settings.deprecated
+    ]
+
+
+_warned = False
+
+
+def warn_once(logger: logging.Logger, settings: Settings | None = None) -> None:
+    """Log each settings problem and deprecated name once in this process."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    settings = read_settings() if settings is None else settings
+    for sentence in (*settings.problems, *deprecation_sentences(settings)):
+        logger.warning("vllm-graphsafe: %s", sentence)

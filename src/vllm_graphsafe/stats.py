@@ -1,25 +1,43 @@
-"""Per-process dispatch decision counters, readable from outside the worker.
+"""Per-process dispatch decision counters, readable from outside the process.
 
-Each process counts its decisions in memory. When ``VLLM_GRAPHSAFE_STATS_DIR``
-is set, it also writes them to ``<dir>/<pid>.json`` at most once a second and
-at exit, so that ``doctor``, ``probe`` and the demo can read what the workers
-decided.
+Each process counts its decisions in memory: ``count(event)`` is one dictionary
+increment, nothing more. Where a directory is configured (``GRAPHSAFE_STATS_DIR``
+for doctor and probe, and the private directory behind ``/metrics``), a daemon
+thread writes this process's record there within a second of a change, and the
+record is written once more when the process ends (normal exit, SIGTERM or
+SIGINT, after which vLLM's own handler runs as before).
+
+A record identifies its process by pid, parent pid, role and DP rank, never by
+its command line (which can hold an API key). Files are created with mode 0600
+through an exclusively created temporary file; a symbolic link is never followed
+nor replaced.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import logging
 import multiprocessing
+import multiprocessing.util
 import os
+import re
+import secrets
+import signal
+import stat
 import sys
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from vllm_graphsafe.settings import read_settings
+
+logger = logging.getLogger("vllm.graphsafe")
 
 #: Steps that replay a uniform-decode graph under the phase rule.
 UNIFORM_DECODE = "uniform_decode"
@@ -32,30 +50,143 @@ NON_UNIFORM = "non_uniform"
 #: Dummy runs whose metadata the staging patch made consistent.
 STAGED_DUMMY = "staged_dummy"
 
-_FLUSH_INTERVAL_S = 1.0
+#: How often the writer thread looks for new counts. Short, because vLLM 0.32's
+#: API server answers SIGTERM by killing its engine core and workers at once
+#: (SIGKILL, nothing runs there): counts must already be on disk by then.
+#: A look costs a few microseconds; a write happens only when a count changed.
+WRITE_INTERVAL_S = 0.02
+#: How often it also compares the whole record (patch states change rarely).
+FULL_CHECK_INTERVAL_S = 0.5
+
+ROLE_API_SERVER = "api_server"
+#: A process that loaded vLLM without serving it (a script, a test, a tool).
+ROLE_MAIN = "main"
+ROLE_ENGINE_CORE = "engine_core"
+ROLE_WORKER = "worker"
+
+_DP_RANK_IN_NAME = re.compile(r"_DP(\d+)")
+_FILE_MODE = 0o600
+
+
+class StatsDirError(ValueError):
+    """A statistics directory that cannot be read; ``str()`` is one sentence."""
+
+
+class UnsafeTargetError(OSError):
+    """The record's name is taken by something that is not our regular file."""
+
+
+_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+
+
+def process_role(process_name: str) -> str:
+    """The vLLM role of a process, from the name vLLM gives its processes."""
+    if process_name.startswith(("EngineCore", "DPEngineCore")):
+        return ROLE_ENGINE_CORE
+    if "Worker" in process_name:
+        return ROLE_WORKER
+    return ROLE_API_SERVER if serves_http() else ROLE_MAIN
+
+
+def serves_http() -> bool:
+    """Whether this process runs vLLM's OpenAI-compatible server."""
+    main = sys.modules.get("__main__")
+    main_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
+    return main_name in _SERVER_MODULES or any(
+        name in sys.modules for name in _SERVER_MODULES
+    )
+
+
+def dp_rank_of(process_name: str) -> int | None:
+    """The data-parallel rank in an engine core's name (``EngineCore_DP1``)."""
+    match = _DP_RANK_IN_NAME.search(process_name)
+    return int(match.group(1)) if match else None
+
+
+def temporary_name(pid: int) -> str:
+    """A hidden name nobody can predict, for the record being written."""
+    return f".{pid}.{secrets.token_hex(8)}.tmp"
+
+
+def write_private_file(
+    directory: str | os.PathLike[str], name: str, data: bytes
+) -> None:
+    """Put ``data`` at ``directory/name`` with mode 0600, never through a link.
+
+    The data goes to an exclusively created temporary file first (``O_EXCL``
+    and ``O_NOFOLLOW``: a link planted at its name is refused, never written
+    through), then is renamed over ``name`` only when ``name`` is absent or
+    one of our regular files. Raises ``OSError`` otherwise.
+    """
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for _ in range(4):
+            staging = temporary_name(os.getpid())
+            try:
+                fd = os.open(staging, flags, _FILE_MODE, dir_fd=directory_fd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free temporary name in {directory}")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            _check_replaceable(directory_fd, name)
+            os.replace(staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(staging, dir_fd=directory_fd)
+            raise
+    finally:
+        os.close(directory_fd)
+
+
+def _check_replaceable(directory_fd: int, name: str) -> None:
+    try:
+        info = os.lstat(name, dir_fd=directory_fd)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        raise UnsafeTargetError(
+            f"{name} is a link or another user's file; it is left as it is"
+        )
+
+
+def make_private_directory(path: Path) -> None:
+    """Create ``path`` (and missing parents) with mode 0700 where absent."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def writable_by_others(path: Path) -> bool:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 class DispatchStats:
     def __init__(self) -> None:
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self._directory: Path | None = None
-        self._next_flush = 0.0
-        self._registered_exit = False
         #: Returns this process's patch states, written beside the counters.
         self.describe_patches: Callable[[], dict[str, str]] = dict
         #: Returns the ids of the patches whose wrappers are in place here.
         self.wrapped_patches: Callable[[], list[str]] = list
+        self._directories: list[Path] = []
+        self._write_lock = threading.RLock()
+        self._wake = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._last_written: dict[Path, bytes] = {}
+        self._exit_hooks_installed = False
+        self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
+        self._pending_announcement: tuple[logging.Logger, str] | None = None
 
-    def configure(self, directory: str | None) -> None:
-        self._directory = Path(directory) if directory else None
-        if self._directory is not None and not self._registered_exit:
-            atexit.register(self.flush)
-            self._registered_exit = True
+    # -- the per-step path: a dictionary increment ----------------------------
 
     def count(self, patch_id: str, event: str) -> None:
         self.counts[patch_id][event] += 1
-        if self._directory is not None:
-            self._maybe_flush()
 
     def counter(self, patch_id: str) -> Callable[[str], None]:
         """``count`` bound to one patch, for the per-step path."""
@@ -63,65 +194,324 @@ class DispatchStats:
 
         def count(event: str) -> None:
             events[event] += 1
-            if self._directory is not None:
-                self._maybe_flush()
 
         return count
 
-    def _maybe_flush(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_flush:
-            self._next_flush = now + _FLUSH_INTERVAL_S
-            self.flush()
+    # -- everything else ------------------------------------------------------
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {patch: dict(events) for patch, events in self.counts.items() if events}
+        return {
+            patch: dict(events) for patch, events in list(self.counts.items()) if events
+        }
 
     def reset(self) -> None:
         # Counters handed out by counter() keep their dictionaries.
         for events in self.counts.values():
             events.clear()
 
-    def flush(self) -> None:
-        if self._directory is None:
+    @property
+    def directories(self) -> list[Path]:
+        return list(self._directories)
+
+    def configure(self, *directories: str | os.PathLike[str] | None) -> None:
+        """Write this process's record into each directory from now on."""
+        for directory in directories:
+            if directory and Path(directory) not in self._directories:
+                self._directories.append(Path(directory))
+        if self._directories:
+            self._start_writer()
+            self._install_exit_hooks()
+
+    def record(self) -> dict[str, Any]:
+        name = multiprocessing.current_process().name
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "role": process_role(name),
+            "dp_rank": dp_rank_of(name),
+            "process_name": name,
+            "written_at": time.time(),
+            "patches": self.describe_patches(),
+            "wrapped": self.wrapped_patches(),
+            "counts": self.snapshot(),
+        }
+
+    def flush(self, *, only_if_changed: bool = False) -> None:
+        """Write this process's record into every configured directory now."""
+        with self._write_lock:
+            if not self._directories:
+                return
+            record = self.record()
+            comparable = json.dumps({**record, "written_at": 0}, sort_keys=True)
+            data = json.dumps(record, sort_keys=True).encode()
+            for directory in list(self._directories):
+                key = comparable.encode()
+                if only_if_changed and self._last_written.get(directory) == key:
+                    continue
+                try:
+                    write_private_file(directory, f"{os.getpid()}.json", data)
+                except OSError as error:
+                    self._directories.remove(directory)
+                    self.on_write_error(directory, error)
+                    continue
+                self._last_written[directory] = key
+
+    def _start_writer(self) -> None:
+        if self._writer is not None and self._writer.is_alive():
             return
-        try:
-            self._directory.mkdir(parents=True, exist_ok=True)
-            target = self._directory / f"{os.getpid()}.json"
-            staging = target.with_suffix(".tmp")
-            staging.write_text(
-                json.dumps(
-                    {
-                        "pid": os.getpid(),
-                        "ppid": os.getppid(),
-                        "process_name": multiprocessing.current_process().name,
-                        "argv": sys.argv[:3],
-                        "patches": self.describe_patches(),
-                        "wrapped": self.wrapped_patches(),
-                        "counts": self.snapshot(),
-                    }
-                )
-            )
-            staging.replace(target)
-        except OSError:
-            self._directory = None
+        self._writer = threading.Thread(
+            target=self._write_loop, name="graphsafe-stats-writer", daemon=True
+        )
+        self._writer.start()
+
+    def announce(self, target: logging.Logger, message: str) -> None:
+        """Log ``message`` at INFO now, or once vLLM has configured its logging.
+
+        vLLM's API server configures logging from its arguments after it has
+        loaded the plugins, so a line logged at load time there would be lost.
+        """
+        if _can_log_info(target) or self._writer is None:
+            target.info("%s", message)
+        else:
+            self._pending_announcement = (target, message)
+
+    def _write_loop(self) -> None:
+        written_total = -1
+        next_full_check = 0.0
+        while True:
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            try:
+                # Counts only grow: a changed total is a changed count.
+                total = self.total()
+                now = time.monotonic()
+                if total == written_total and now < next_full_check:
+                    continue
+                written_total, next_full_check = total, now + FULL_CHECK_INTERVAL_S
+                self._announce_if_ready()
+                self.flush(only_if_changed=True)
+            except Exception:  # the writer must never take the process down
+                continue
+
+    def total(self) -> int:
+        return sum(sum(events.values()) for events in list(self.counts.values()))
+
+    def _announce_if_ready(self) -> None:
+        pending = self._pending_announcement
+        if pending is not None and _can_log_info(pending[0]):
+            self._pending_announcement = None
+            pending[0].info("%s", pending[1])
+
+    def _install_exit_hooks(self) -> None:
+        if self._exit_hooks_installed:
+            return
+        self._exit_hooks_installed = True
+        atexit.register(self.flush)
+        # vLLM's engine core and workers are multiprocessing children, which end
+        # with os._exit: atexit never runs there, multiprocessing's finalizers do.
+        multiprocessing.util.Finalize(None, self.flush, exitpriority=100)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                chain_signal_handler(signum, self.flush)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts with no writer, directories or counts of its own."""
+        self._writer = None
+        self._write_lock = threading.RLock()
+        self._wake = threading.Event()
+        self._directories = []
+        self._last_written = {}
+        self._exit_hooks_installed = False
+        self._pending_announcement = None
+        self.reset()
+
+
+def _can_log_info(target: logging.Logger) -> bool:
+    return target.isEnabledFor(logging.INFO) and target.hasHandlers()
+
+
+def _ignore_write_error(directory: Path, error: OSError) -> None:
+    del directory, error
+
+
+def chain_signal_handler(signum: int, before: Callable[[], None]) -> None:
+    """Run ``before`` on ``signum``, then whatever handled it until now.
+
+    vLLM's handler (or Python's default) is called exactly as it would have
+    been; a default action is re-delivered with the default disposition.
+    """
+    previous = signal.getsignal(signum)
+    if previous is None:  # installed outside Python: leave it alone
+        return
+
+    def handler(received: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(Exception):
+            before()
+        if callable(previous):
+            previous(received, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(received, signal.SIG_DFL)
+            os.kill(os.getpid(), received)
+
+    try:
+        signal.signal(signum, handler)
+    except (ValueError, OSError):  # not the main thread, or not allowed here
+        return
 
 
 STATS = DispatchStats()
+os.register_at_fork(after_in_child=STATS.after_fork_in_child)
 
 
 def configure_from_environment() -> None:
-    STATS.configure(read_settings().stats_dir)
+    """Point the writer at the operator's statistics directory and ``/metrics``'s.
+
+    Called by the plugin in every vLLM process once the patches are decided.
+    Warnings come from the first process only (the one the operator started),
+    not again from each engine process.
+    """
+    from vllm_graphsafe import metrics
+
+    settings = read_settings()
+    role = process_role(multiprocessing.current_process().name)
+    speaks = role in (ROLE_API_SERVER, ROLE_MAIN) and settings.metrics_dir is None
+    if speaks:
+        from vllm_graphsafe.settings import warn_once
+
+        warn_once(logger, settings)
+    directories: list[Path] = []
+    if settings.stats_dir:
+        stats_dir = Path(settings.stats_dir)
+        try:
+            make_private_directory(stats_dir)
+        except OSError as error:
+            if speaks:
+                _warn_unwritable(stats_dir, error)
+        else:
+            if speaks and writable_by_others(stats_dir):
+                logger.warning(
+                    "vllm-graphsafe: the statistics directory %s can be written by "
+                    "other users; prefer a directory only you can write to.",
+                    stats_dir,
+                )
+            directories.append(stats_dir)
+    metrics_dir = metrics.prepare_metrics_directory()
+    if metrics_dir is not None:
+        directories.append(metrics_dir)
+    STATS.on_write_error = _report_write_error(metrics_dir if speaks else None, speaks)
+    STATS.configure(*directories)
+
+
+def _warn_unwritable(directory: Path, error: OSError) -> None:
+    reason = error.strerror or str(error)
+    logger.warning(
+        "vllm-graphsafe: cannot write dispatch statistics to %s (%s); vLLM serves "
+        "as usual, without them.",
+        directory,
+        reason,
+    )
+
+
+def _report_write_error(
+    metrics_dir: Path | None, speaks: bool
+) -> Callable[[Path, OSError], None]:
+    def report(directory: Path, error: OSError) -> None:
+        if speaks and directory != metrics_dir:
+            _warn_unwritable(directory, error)
+
+    return report
+
+
+# -- reading what the processes wrote -------------------------------------------
+
+
+def _is_count_map(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(event, str) and isinstance(n, int) and not isinstance(n, bool)
+        for event, n in value.items()
+    )
+
+
+def check_record(record: Any) -> str | None:
+    """Why ``record`` is not a statistics record, or None when it is one."""
+    if not isinstance(record, Mapping):
+        return "it is not a JSON object"
+    if not isinstance(record.get("pid"), int):
+        return "it has no integer pid"
+    patches = record.get("patches", {})
+    if not isinstance(patches, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in patches.items()
+    ):
+        return "its patches are not a map of patch ids to states"
+    counts = record.get("counts", {})
+    if not isinstance(counts, Mapping) or not all(
+        isinstance(k, str) and _is_count_map(v) for k, v in counts.items()
+    ):
+        return "its counts are not a map of patch ids to event counts"
+    return None
 
 
 def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every process's last written record, in pid order."""
+    """Every process's last written record, in pid order.
+
+    Raises :class:`StatsDirError` (one sentence) when the directory or one of
+    its records cannot be read.
+    """
+    path = Path(directory)
+    if not path.exists():
+        raise StatsDirError(f"The statistics directory {path} does not exist.")
+    if not path.is_dir():
+        raise StatsDirError(f"The statistics directory {path} is not a directory.")
+    try:
+        files = sorted(
+            path.glob("*.json"), key=lambda file: (len(file.name), file.name)
+        )
+    except OSError as error:
+        raise StatsDirError(
+            f"The statistics directory {path} cannot be read "
+            f"({error.strerror or error})."
+        ) from None
     records = []
-    for path in sorted(Path(directory).glob("*.json")):
+    for file in files:
+        records.append(_read_record(file))
+    return records
+
+
+def _read_record(file: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(file.read_bytes())
+    except OSError as error:
+        raise StatsDirError(
+            f"The statistics file {file} cannot be read ({error.strerror or error})."
+        ) from None
+    except ValueError:
+        raise StatsDirError(
+            f"The statistics file {file} is not valid JSON; remove it or point "
+            "--stats-dir at the directory vLLM writes."
+        ) from None
+    problem = check_record(record)
+    if problem is not None:
+        raise StatsDirError(
+            f"The statistics file {file} is not a vllm-graphsafe statistics record "
+            f"({problem})."
+        )
+    return dict(record)
+
+
+def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The readable records in ``directory``, skipping anything else (for scrapes)."""
+    records = []
+    try:
+        files = list(Path(directory).glob("*.json"))
+    except OSError:
+        return []
+    for file in files:
         try:
-            records.append(json.loads(path.read_text()))
+            record = json.loads(file.read_bytes())
         except (OSError, ValueError):
             continue
+        if check_record(record) is None:
+            records.append(dict(record))
     return records
 
 
@@ -140,20 +530,26 @@ def render_stats(stats: dict[str, Any]) -> list[str]:
     return lines
 
 
-def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Sum the counters every process wrote into ``directory``."""
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the counters of ``records``; count the processes in each patch state."""
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    processes = 0
     patch_states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for payload in read_process_files(directory):
-        processes += 1
+    for payload in records:
         for patch, state in payload.get("patches", {}).items():
             patch_states[patch][state] += 1
         for patch, events in payload.get("counts", {}).items():
             for event, value in events.items():
                 totals[patch][event] += int(value)
     return {
-        "processes": processes,
+        "processes": len(records),
         "patch_states": {patch: dict(states) for patch, states in patch_states.items()},
         "counts": {patch: dict(events) for patch, events in totals.items()},
     }
+
+
+def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Sum the counters every process wrote into ``directory``.
+
+    Raises :class:`StatsDirError` (one sentence) when it cannot be read.
+    """
+    return summarize(read_process_files(directory))

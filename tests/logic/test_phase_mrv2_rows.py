@@ -5,11 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.phase import (
-    any_row_scheduled,
-    rows_in_prefill,
-    rows_past_prefill,
-)
+from vllm_graphsafe.logic.phase import RowPrefix, any_row_scheduled
 
 
 @pytest.mark.parametrize(
@@ -25,18 +21,10 @@ from vllm_graphsafe.logic.phase import (
 def test_rows_in_prefill(
     computed: list[int], prompt: list[int], rows: list[int]
 ) -> None:
-    found = rows_in_prefill(np.array(computed, np.int32), np.array(prompt, np.int32))
-    assert found.tolist() == rows
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_rows_in_prefill_agrees_with_rows_past_prefill(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(0, 20, size=64).astype(np.int32)
-    computed = (prompt + rng.integers(-3, 3, size=64)).clip(0).astype(np.int32)
-    assert rows_past_prefill(computed, prompt) == (
-        rows_in_prefill(computed, prompt).size == 0
+    table = RowPrefix(
+        np.array(computed, np.int32), np.array(prompt, np.int32), len(computed)
     )
+    assert table.rows_in_prefill().tolist() == rows
 
 
 def test_scheduled_owner_of_a_prefill_row_counts() -> None:

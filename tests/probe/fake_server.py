@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +48,14 @@ class FakeConfig:
     states_vocab_size: bool = True
     overlap_window_s: float = 0.05
     stream_token_delay_s: float = 0.001
+    # Not vLLM at all: a plain web server answering every path with a 404 page.
+    plain_web_server: bool = False
+    # Like ``vllm serve --api-key``: every /v1 path wants this bearer token.
+    api_key: str | None = None
+    # Error messages quote the Authorization header back (a careless proxy).
+    echo_authorization: bool = False
+    # Completions close the connection without answering.
+    drop_completions: bool = False
 
 
 @dataclass
@@ -77,7 +86,8 @@ def detokenize(ids: list[int], vocab_size: int) -> str:
 
 
 def hashed_token(prompt: list[int], index: int, salt: str, vocab_size: int) -> int:
-    digest = hashlib.sha256(f"{salt}|{prompt}|{index}".encode()).digest()
+    packed = array("q", prompt).tobytes()  # fast for 100k-token prompts
+    digest = hashlib.sha256(f"{salt}|{index}|".encode() + packed).digest()
     return BYTE_OFFSET + int.from_bytes(digest[:4], "big") % (vocab_size - BYTE_OFFSET)
 
 
@@ -147,8 +157,32 @@ class FakeHandler(BaseHTTPRequestHandler):
     def fake(self) -> FakeVllm:
         return self.server.fake
 
+    def refused(self) -> bool:
+        """Answer as a plain web server or a key-protected vLLM would; or not."""
+        config = self.fake.config
+        if config.plain_web_server:
+            page = b"<html><head><title>404 Not Found</title></head><body>" + (
+                b"<h1>Not Found</h1></body></html>"
+            )
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return True
+        protected = config.api_key is not None and self.path.startswith("/v1")
+        if (
+            protected
+            and self.headers.get("Authorization") != f"Bearer {config.api_key}"
+        ):
+            self.send_json(401, {"error": "Unauthorized"})
+            return True
+        return False
+
     def do_GET(self) -> None:
         self.fake.log.requests.append(("GET", self.path))
+        if self.refused():
+            return
         if self.path == "/v1/models":
             config = self.fake.config
             model = {
@@ -167,6 +201,8 @@ class FakeHandler(BaseHTTPRequestHandler):
         self.fake.log.requests.append(("POST", self.path))
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self.refused():
+            return
         if self.path == "/tokenize" and not self.fake.config.tokenize_missing:
             self.tokenize(body)
         elif self.path == "/v1/completions":
@@ -197,8 +233,14 @@ class FakeHandler(BaseHTTPRequestHandler):
         config = self.fake.config
         if config.completion_hang_s:
             self.fake.stopping.wait(config.completion_hang_s)
+        if config.drop_completions:
+            self.close_connection = True
+            return
         if config.completion_status is not None:
-            self.send_error_json(config.completion_status, "EngineCore died")
+            message = "EngineCore died"
+            if config.echo_authorization:
+                message += f" (request had {self.headers.get('Authorization')})"
+            self.send_error_json(config.completion_status, message)
             return
         for token_id in body.get("logit_bias") or {}:
             if int(token_id) >= config.vocab_size:

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from tests.probe.fake_server import FakeConfig, RunningFakeServer
-from vllm_graphsafe.cli import probe
+from vllm_graphsafe.cli import probe as cli_probe
+from vllm_graphsafe.probe import answers, checks, errors, settings
+from vllm_graphsafe.probe import plan as probe_plan
 
 # K=3, block 16: boundaries 4, 20, 36 and controls 3, 5, 19, 21, 35, 37.
 DEFAULT_PLAN_REQUESTS = 37
@@ -52,12 +54,12 @@ def run_probe(
     with_report: bool = True,
 ) -> ProbeRun:
     parser = argparse.ArgumentParser()
-    probe.add_arguments(parser)
+    cli_probe.add_arguments(parser)
     report_path = tmp_path / "report.json"
     argv = ["--base-url", base_url, "--decode-tokens", "48", "--timeout", "5"]
     if with_report:
         argv += ["--json", str(report_path)]
-    status = probe.run(parser.parse_args([*argv, *extra]))
+    status = cli_probe.run(parser.parse_args([*argv, *extra]))
     captured = capsys.readouterr()
     report = None
     if with_report and report_path.exists():
@@ -92,10 +94,10 @@ def test_healthy_server_passes_every_check(
 ) -> None:
     result, server = probe_fake(capsys, tmp_path)
 
-    assert result.status == probe.EXIT_OK, result.stdout + result.stderr
+    assert result.status == errors.EXIT_OK, result.stdout + result.stderr
     assert result.stderr == ""
     assert result.report is not None
-    assert {c["name"] for c in result.report["checks"]} == set(probe.CHECK_NAMES)
+    assert {c["name"] for c in result.report["checks"]} == set(checks.CHECK_NAMES)
     assert all(c["status"] == "pass" for c in result.report["checks"])
     assert result.report["server"]["vocab_size"] == 1000
     assert result.report["server"]["model"] == "fake/hybrid-tiny"
@@ -114,7 +116,7 @@ def test_repetition_shared_with_controls_is_not_a_failure(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(repeat_everywhere=True))
 
-    assert result.status == probe.EXIT_OK, result.stdout
+    assert result.status == errors.EXIT_OK, result.stdout
     assert set(result.statuses("repetition").values()) == {"pass"}
     assert set(result.statuses("controls").values()) == {"pass"}
 
@@ -124,7 +126,7 @@ def test_vocab_check_is_skipped_when_the_server_does_not_state_the_size(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(states_vocab_size=False))
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert set(result.statuses("vocab").values()) == {"skip"}
     assert result.report is not None
     assert result.report["server"]["vocab_size"] is None
@@ -135,7 +137,7 @@ def test_vocab_size_option_skips_the_discovery_request(
 ) -> None:
     result, server = probe_fake(capsys, tmp_path, None, "--vocab-size", "1000")
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert server.log.count == DEFAULT_PLAN_REQUESTS - 1
     assert result.report is not None
     assert result.report["server"]["vocab_size_source"] == "--vocab-size"
@@ -146,7 +148,7 @@ def test_server_without_chat_template_gets_a_plain_prompt(
 ) -> None:
     result, server = probe_fake(capsys, tmp_path, FakeConfig(chat_template=False))
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert result.report is not None
     assert result.report["server"]["instruction_source"].startswith("plain prompt")
     assert server.log.count == DEFAULT_PLAN_REQUESTS + 1
@@ -157,7 +159,7 @@ def test_answers_without_token_ids_fall_back_to_tokenizing_the_text(
 ) -> None:
     result, server = probe_fake(capsys, tmp_path, FakeConfig(omit_token_ids=True))
 
-    assert result.status == probe.EXIT_OK, result.stdout + result.stderr
+    assert result.status == errors.EXIT_OK, result.stdout + result.stderr
     assert ("POST", "/tokenize") in server.log.requests[4:]
 
 
@@ -169,7 +171,7 @@ def test_json_to_stdout_is_valid_json_and_the_table_moves_to_stderr(
             capsys, tmp_path, server.url, "--json", "-", with_report=False
         )
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     report = json.loads(result.stdout)
     assert report["exit_status"] == 0
     assert report["summary"]["fail"] == 0
@@ -184,7 +186,7 @@ def test_groups_of_three_and_a_chunk_boundary(
         capsys, tmp_path, None, "--concurrency", "3", "--chunk-size", "24"
     )
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert result.report is not None
     groups = result.report["plan"]["concurrent_groups"]
     assert [4, 4, 4] in groups and [4, 20, 28] in groups
@@ -196,7 +198,7 @@ def test_lengths_past_max_model_len_are_skipped_with_a_note(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(max_model_len=48))
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert result.report is not None
     assert [b["length"] for b in result.report["plan"]["boundaries"]] == [4, 20]
     assert any("36" in note for note in result.report["plan"]["notes"])
@@ -214,11 +216,11 @@ def test_out_of_vocabulary_ids_at_a_boundary_fail_vocab_and_controls(
     config = FakeConfig(oov_lengths=frozenset({boundary}))
     result, _ = probe_fake(capsys, tmp_path, config, "--block-size", str(block_size))
 
-    assert result.status == probe.EXIT_CHECK_FAILED
+    assert result.status == errors.EXIT_CHECK_FAILED
     assert result.failures() == {("vocab", (boundary,)), ("controls", (boundary,))}
     assert "probe FAILED" in result.stdout
     assert result.report is not None
-    assert result.report["exit_status"] == probe.EXIT_CHECK_FAILED
+    assert result.report["exit_status"] == errors.EXIT_CHECK_FAILED
 
 
 def test_repetition_only_at_boundaries_fails_repetition_and_controls(
@@ -227,7 +229,7 @@ def test_repetition_only_at_boundaries_fails_repetition_and_controls(
     config = FakeConfig(repeat_lengths=frozenset(BOUNDARIES))
     result, _ = probe_fake(capsys, tmp_path, config)
 
-    assert result.status == probe.EXIT_CHECK_FAILED
+    assert result.status == errors.EXIT_CHECK_FAILED
     expected = {("repetition", (n,)) for n in BOUNDARIES}
     expected |= {("controls", (n,)) for n in BOUNDARIES}
     assert result.failures() == expected
@@ -239,7 +241,7 @@ def test_warm_answer_that_differs_from_cold_fails_cold_warm(
     config = FakeConfig(cold_warm_lengths=frozenset({20}))
     result, _ = probe_fake(capsys, tmp_path, config)
 
-    assert result.status == probe.EXIT_CHECK_FAILED
+    assert result.status == errors.EXIT_CHECK_FAILED
     assert ("cold_warm", (20,)) in result.failures()
     assert {name for name, _ in result.failures()} <= {"cold_warm", "concurrent"}
     assert result.statuses("cold_warm")[(4,)] == "pass"
@@ -251,7 +253,7 @@ def test_answers_corrupted_by_overlap_fail_concurrent_only(
     config = FakeConfig(corrupt_overlapping=True, overlap_window_s=0.02)
     result, _ = probe_fake(capsys, tmp_path, config)
 
-    assert result.status == probe.EXIT_CHECK_FAILED
+    assert result.status == errors.EXIT_CHECK_FAILED
     assert {name for name, _ in result.failures()} == {"concurrent"}
     assert ("concurrent", (4, 4)) in result.failures()
     assert result.statuses("ongoing_decode") != {}
@@ -262,7 +264,7 @@ def test_decode_perturbed_by_inserted_prompts_fails_ongoing_decode(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(perturb_streams=True))
 
-    assert result.status == probe.EXIT_CHECK_FAILED
+    assert result.status == errors.EXIT_CHECK_FAILED
     assert {name for name, _ in result.failures()} == {"ongoing_decode"}
 
 
@@ -274,12 +276,12 @@ def test_missing_tokenize_endpoint(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(tokenize_missing=True))
 
-    assert result.status == probe.EXIT_NO_TOKENIZE
+    assert result.status == errors.EXIT_NO_TOKENIZE
     assert_one_sentence(result.stderr, "/tokenize", "404")
     assert result.stdout == ""
     assert result.report is not None
     assert result.report["error"] == result.stderr.strip()
-    assert result.report["exit_status"] == probe.EXIT_NO_TOKENIZE
+    assert result.report["exit_status"] == errors.EXIT_NO_TOKENIZE
 
 
 def test_http_500_on_completions(
@@ -287,7 +289,7 @@ def test_http_500_on_completions(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(completion_status=500))
 
-    assert result.status == probe.EXIT_HTTP_ERROR
+    assert result.status == errors.EXIT_HTTP_ERROR
     assert_one_sentence(result.stderr, "HTTP 500", "/v1/completions", "EngineCore")
 
 
@@ -299,7 +301,7 @@ def test_hung_completions_time_out(
         capsys, tmp_path, FakeConfig(completion_hang_s=10), "--timeout", "0.3"
     )
 
-    assert result.status == probe.EXIT_TIMEOUT
+    assert result.status == errors.EXIT_TIMEOUT
     assert_one_sentence(result.stderr, "/v1/completions", "0.3 seconds")
     assert time.monotonic() - started < 3
 
@@ -307,7 +309,7 @@ def test_hung_completions_time_out(
 def test_model_mismatch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     result, server = probe_fake(capsys, tmp_path, None, "--model", "other/model")
 
-    assert result.status == probe.EXIT_MODEL_MISMATCH
+    assert result.status == errors.EXIT_MODEL_MISMATCH
     assert_one_sentence(result.stderr, "Model mismatch", "fake/hybrid-tiny")
     assert server.log.count == 1
 
@@ -317,7 +319,7 @@ def test_matching_model_is_accepted(
 ) -> None:
     result, _ = probe_fake(capsys, tmp_path, None, "--model", "fake/hybrid-tiny")
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
 
 
 def test_unreachable_server(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -326,7 +328,7 @@ def test_unreachable_server(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
         port = sock.getsockname()[1]
     result = run_probe(capsys, tmp_path, f"http://127.0.0.1:{port}")
 
-    assert result.status == probe.EXIT_UNREACHABLE
+    assert result.status == errors.EXIT_UNREACHABLE
     assert_one_sentence(result.stderr, "connection refused")
 
 
@@ -344,7 +346,7 @@ def test_bad_arguments(
 ) -> None:
     result = run_probe(capsys, tmp_path, "http://127.0.0.1:9", *arguments)
 
-    assert result.status == probe.EXIT_BAD_ARGUMENT
+    assert result.status == errors.EXIT_BAD_ARGUMENT
     assert_one_sentence(result.stderr, arguments[0])
 
 
@@ -353,7 +355,7 @@ def test_base_url_without_scheme_is_a_bad_argument(
 ) -> None:
     result = run_probe(capsys, tmp_path, "localhost:8000")
 
-    assert result.status == probe.EXIT_BAD_ARGUMENT
+    assert result.status == errors.EXIT_BAD_ARGUMENT
     assert_one_sentence(result.stderr, "--base-url")
 
 
@@ -365,7 +367,7 @@ def test_plan_larger_than_max_requests_sends_nothing(
 ) -> None:
     result, server = probe_fake(capsys, tmp_path, None, "--max-requests", "10")
 
-    assert result.status == probe.EXIT_REQUEST_BUDGET
+    assert result.status == errors.EXIT_REQUEST_BUDGET
     assert_one_sentence(result.stderr, str(DEFAULT_PLAN_REQUESTS), "10")
     assert server.log.count == 0
 
@@ -376,7 +378,7 @@ def test_plan_that_fits_exactly_runs(
     limit = str(DEFAULT_PLAN_REQUESTS)
     result, server = probe_fake(capsys, tmp_path, None, "--max-requests", limit)
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert server.log.count == DEFAULT_PLAN_REQUESTS
 
 
@@ -387,7 +389,7 @@ def test_unplanned_requests_stop_at_max_requests(
     limit = DEFAULT_PLAN_REQUESTS + 5
     result, server = probe_fake(capsys, tmp_path, config, "--max-requests", str(limit))
 
-    assert result.status == probe.EXIT_REQUEST_BUDGET
+    assert result.status == errors.EXIT_REQUEST_BUDGET
     assert_one_sentence(result.stderr, f"--max-requests {limit}")
     assert server.log.count == limit
     assert result.report is not None
@@ -400,10 +402,10 @@ def test_unplanned_requests_stop_at_max_requests(
 def test_prompts_have_exactly_the_requested_length() -> None:
     instruction = [1, 2, 50, 51, 52, 53, 3, 4, 5]
     for length in range(1, 40):
-        prompt = probe.build_prompt(instruction, 99, length)
+        prompt = probe_plan.build_prompt(instruction, 99, length)
         assert len(prompt) == length
         assert prompt[-min(length, 4) :] == instruction[-min(length, 4) :]
-    assert probe.build_prompt(instruction, 99, 12) == [
+    assert probe_plan.build_prompt(instruction, 99, 12) == [
         1,
         2,
         50,
@@ -417,11 +419,11 @@ def test_prompts_have_exactly_the_requested_length() -> None:
         4,
         5,
     ]
-    assert probe.build_prompt(instruction, 99, 3) == [3, 4, 5]
+    assert probe_plan.build_prompt(instruction, 99, 3) == [3, 4, 5]
 
 
 def test_plan_covers_boundaries_controls_and_merges_equal_offsets() -> None:
-    plan = probe.make_plan(3, 800, 800, 2, needs_vocab_probe=True)
+    plan = probe_plan.make_plan(3, 800, 800, 2, needs_vocab_probe=True)
 
     assert plan.boundary_lengths == (4, 804, 1604)
     assert plan.solo_lengths == (3, 4, 5, 803, 804, 805, 1603, 1604, 1605)
@@ -429,71 +431,73 @@ def test_plan_covers_boundaries_controls_and_merges_equal_offsets() -> None:
     assert plan.groups[:3] == ((4, 4), (804, 804), (1604, 1604))
     assert plan.request_count == 4 + 18 + 10 + 5
 
-    tiny = probe.make_plan(1, 16, None, 2, needs_vocab_probe=False)
+    tiny = probe_plan.make_plan(1, 16, None, 2, needs_vocab_probe=False)
     assert tiny.boundaries[0].controls == (1, 3)
-    single = probe.make_plan(1, 1, None, 2, needs_vocab_probe=False)
+    single = probe_plan.make_plan(1, 1, None, 2, needs_vocab_probe=False)
     assert single.boundaries[0].controls == (1, 3)
 
 
 def test_degenerate_repetition_needs_a_long_enough_run() -> None:
-    short = probe.Completion((7,) * 11, "x")
-    long_tokens = probe.Completion((1, 2) + (7,) * 12, "x")
-    long_text = probe.Completion((1, 2, 3), "ok" + "!" * 12)
+    short = checks.Completion((7,) * 11, "x")
+    long_tokens = checks.Completion((1, 2) + (7,) * 12, "x")
+    long_text = checks.Completion((1, 2, 3), "ok" + "!" * 12)
 
-    assert probe.degenerate_repetition(short) is None
-    assert probe.degenerate_repetition(long_tokens) == "token 7 repeated 12 times"
-    assert probe.degenerate_repetition(long_text) == "'!' repeated 12 times"
+    assert checks.degenerate_repetition(short) is None
+    assert checks.degenerate_repetition(long_tokens) == "token 7 repeated 12 times"
+    assert checks.degenerate_repetition(long_text) == "'!' repeated 12 times"
 
 
 def test_repetition_and_controls_checks_compare_with_controls() -> None:
-    garbage = probe.Completion((5,) * 20, "!" * 20)
-    fine = probe.Completion(tuple(range(20)), "fine")
+    garbage = checks.Completion((5,) * 20, "!" * 20)
+    fine = checks.Completion(tuple(range(20)), "fine")
 
-    failing = probe.check_repetition(4, [garbage], {3: [fine], 5: [fine]})
-    shared = probe.check_repetition(4, [garbage], {3: [garbage], 5: [fine]})
-    assert failing.status == probe.FAIL and "controls 3, 5" in failing.detail
-    assert shared.status == probe.PASS
+    failing = checks.check_repetition(4, [garbage], {3: [fine], 5: [fine]})
+    shared = checks.check_repetition(4, [garbage], {3: [garbage], 5: [fine]})
+    assert failing.status == checks.FAIL and "controls 3, 5" in failing.detail
+    assert shared.status == checks.PASS
 
-    oov = probe.Completion((1, 5000), "x")
-    controls = probe.check_controls(4, [oov], {3: [fine]}, vocab_size=1000)
-    assert controls.status == probe.FAIL
+    oov = checks.Completion((1, 5000), "x")
+    controls = checks.check_controls(4, [oov], {3: [fine]}, vocab_size=1000)
+    assert controls.status == checks.FAIL
     assert "out-of-vocabulary" in controls.detail
-    unknown_vocab = probe.check_controls(4, [oov], {3: [fine]}, vocab_size=None)
-    assert unknown_vocab.status == probe.PASS
+    unknown_vocab = checks.check_controls(4, [oov], {3: [fine]}, vocab_size=None)
+    assert unknown_vocab.status == checks.PASS
 
 
 def test_cold_warm_and_vocab_checks() -> None:
-    cold = probe.Completion((1, 2, 3), "abc")
-    warm = probe.Completion((1, 9, 3), "a?c")
-    assert probe.check_cold_warm(4, cold, cold).status == probe.PASS
-    mismatch = probe.check_cold_warm(4, cold, warm)
-    assert mismatch.status == probe.FAIL and "token 1: 2 vs 9" in mismatch.detail
+    cold = checks.Completion((1, 2, 3), "abc")
+    warm = checks.Completion((1, 9, 3), "a?c")
+    assert checks.check_cold_warm(4, cold, cold).status == checks.PASS
+    mismatch = checks.check_cold_warm(4, cold, warm)
+    assert mismatch.status == checks.FAIL and "token 1: 2 vs 9" in mismatch.detail
 
-    samples = [probe.Sample(4, "cold", cold), probe.Sample(4, "warm", warm)]
-    assert probe.check_vocab((4,), samples, 9).status == probe.FAIL
-    assert probe.check_vocab((4,), samples, 10).status == probe.PASS
-    assert probe.check_vocab((4,), samples, None).status == probe.SKIP
+    samples = [checks.Sample(4, "cold", cold), checks.Sample(4, "warm", warm)]
+    assert checks.check_vocab((4,), samples, 9).status == checks.FAIL
+    assert checks.check_vocab((4,), samples, 10).status == checks.PASS
+    assert checks.check_vocab((4,), samples, None).status == checks.SKIP
 
 
 def test_ongoing_decode_check() -> None:
-    counting = probe.Completion((1, 2), " 11 12 13 14 15 16")
-    other = probe.Completion((1, 3), " 11 12 13 14 15 17")
-    assert probe.continues_counting(counting.text)
-    assert not probe.continues_counting("OK OK")
-    passed = probe.check_ongoing_decode((12,), counting, counting, 3)
-    assert passed.status == probe.PASS and "continues counting" in passed.detail
-    assert probe.check_ongoing_decode((12,), counting, other, 3).status == probe.FAIL
-    assert probe.check_ongoing_decode((12,), counting, counting, 0).status == probe.SKIP
+    counting = checks.Completion((1, 2), " 11 12 13 14 15 16")
+    other = checks.Completion((1, 3), " 11 12 13 14 15 17")
+    assert checks.continues_counting(counting.text)
+    assert not checks.continues_counting("OK OK")
+    passed = checks.check_ongoing_decode((12,), counting, counting, 3)
+    assert passed.status == checks.PASS and "continues counting" in passed.detail
+    assert checks.check_ongoing_decode((12,), counting, other, 3).status == checks.FAIL
+    assert (
+        checks.check_ongoing_decode((12,), counting, counting, 0).status == checks.SKIP
+    )
 
 
 def test_server_answer_parsing() -> None:
-    assert probe.token_ids_of({"token_ids": [1, 2]}) == [1, 2]
+    assert answers.token_ids_of({"token_ids": [1, 2]}) == [1, 2]
     logprobs = {"logprobs": {"tokens": ["token_id:7", "token_id:8"]}}
-    assert probe.token_ids_of(logprobs) == [7, 8]
-    assert probe.token_ids_of({"text": "hi"}) is None
+    assert answers.token_ids_of(logprobs) == [7, 8]
+    assert answers.token_ids_of({"text": "hi"}) is None
     message = "token_id(s) [2147483647] in logit_bias ... Vocabulary size: 151936"
-    assert probe.vocab_size_from_message(message) == 151936
-    assert probe.vocab_size_from_message("bad request") is None
+    assert answers.vocab_size_from_message(message) == 151936
+    assert answers.vocab_size_from_message("bad request") is None
     body = json.dumps({"error": {"message": "boom\n  again"}}).encode()
-    assert probe.error_detail(body) == "boom again"
-    assert probe.normalize_base_url("http://h:8000/v1/") == "http://h:8000"
+    assert answers.error_detail(body) == "boom again"
+    assert settings.normalize_base_url("http://h:8000/v1/") == "http://h:8000"

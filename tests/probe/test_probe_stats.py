@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.probe.test_probe_fake_server import probe_fake
-from vllm_graphsafe.cli import probe
+from vllm_graphsafe.probe import errors
 
 
 def test_probe_reports_dispatch_statistics(
@@ -26,7 +26,7 @@ def test_probe_reports_dispatch_statistics(
 
     result, _ = probe_fake(capsys, tmp_path, None, "--stats-dir", str(stats_dir))
 
-    assert result.status == probe.EXIT_OK
+    assert result.status == errors.EXIT_OK
     assert result.report is not None
     stats = result.report["dispatch_stats"]
     assert stats["processes"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import traceback
 from typing import Any
 
 import pytest
@@ -113,7 +114,7 @@ def test_signatures_it_cannot_mirror_are_left_to_the_packing_wrapper(
     assert publisher(method) is None
 
 
-def test_the_step_publisher_mirrors_named_parameters_and_packs_the_rest() -> None:
+def test_the_step_publisher_mirrors_named_parameters_and_refuses_the_rest() -> None:
     from vllm_graphsafe.patches.mrv2_phase_dispatch import (
         _TARGET_STEP,
         bind_target_step,
@@ -127,16 +128,62 @@ def test_the_step_publisher_mirrors_named_parameters_and_packs_the_rest() -> Non
     ) -> Any:
         return _TARGET_STEP.get()
 
+    def no_failure(error: BaseException, reading: str) -> None:
+        raise AssertionError(reading)
+
     runner = object()
-    for method in (named, packed):
-        wrapped = bind_target_step(method)
-        assert wrapped(runner, "out") == (runner, "out", False)
-        assert wrapped(runner, "out", True) == (runner, "out", True)
-        assert wrapped(runner, dummy_run=True, scheduler_output="out") == (
-            runner,
-            "out",
-            True,
-        )
-        assert _TARGET_STEP.get() is None
-    mirrored = inspect.signature(bind_target_step(named), follow_wrapped=False)
+    wrapped = bind_target_step(named, no_failure)
+    assert wrapped(runner, "out") == (runner, "out", False)
+    assert wrapped(runner, "out", True) == (runner, "out", True)
+    assert wrapped(runner, dummy_run=True, scheduler_output="out") == (
+        runner,
+        "out",
+        True,
+    )
+    assert _TARGET_STEP.get() is None
+    mirrored = inspect.signature(wrapped, follow_wrapped=False)
     assert mirrored == inspect.signature(named)
+    with pytest.raises(TypeError, match="named"):
+        bind_target_step(packed, no_failure)
+
+
+def test_a_traceback_through_the_generated_wrapper_shows_its_source() -> None:
+    def failing(self: Any, scheduler_output: Any, dummy_run: bool = False) -> None:
+        raise RuntimeError("boom")
+
+    wrapped = publishing_method(
+        failing, ("self", "scheduler_output", "dummy_run"), STEP.set, STEP.reset
+    )
+    assert wrapped is not None
+    with pytest.raises(RuntimeError) as raised:
+        wrapped(object(), "out")
+
+    rendered = "".join(traceback.format_exception(raised.value))
+    generated = [
+        entry
+        for entry in raised.traceback
+        if "vllm-graphsafe publisher" in str(entry.path)
+    ]
+    assert generated, rendered
+    assert "return _graphsafe_method(self, scheduler_output, dummy_run)" in rendered
+
+
+def test_a_publish_that_fails_is_reported_and_the_method_still_runs() -> None:
+    reported: list[tuple[str, str]] = []
+
+    def broken_publish(values: tuple[Any, ...]) -> Any:
+        raise LookupError("no context")
+
+    def method(self: Any, scheduler_output: Any, dummy_run: bool = False) -> Any:
+        return scheduler_output
+
+    wrapped = publishing_method(
+        method,
+        ("self", "scheduler_output", "dummy_run"),
+        broken_publish,
+        STEP.reset,
+        lambda error, reading: reported.append((type(error).__name__, reading)),
+    )
+    assert wrapped is not None
+    assert wrapped(object(), "out") == "out"
+    assert reported == [("LookupError", "self, scheduler_output, dummy_run")]

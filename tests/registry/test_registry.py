@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -16,11 +17,17 @@ import pytest
 
 from vllm_graphsafe.registry import (
     HookPoint,
+    OnFailure,
     Patch,
     PatchFailedError,
     PatchState,
     Registry,
+    ReplaceHook,
+    Requirement,
+    SetsAttribute,
     SourceReader,
+    TakesParameters,
+    WrapHook,
     is_hooked,
 )
 from vllm_graphsafe.settings import read_settings
@@ -52,11 +59,15 @@ def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         del sys.modules[name]
 
 
-def double_result(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def double_result(
+    wrapped: Any, instance: Any, args: Any, kwargs: Any, *, on_failure: OnFailure
+) -> Any:
     return 2 * wrapped(*args, **kwargs)
 
 
-def phase_classify(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def phase_classify(
+    wrapped: Any, instance: Any, args: Any, kwargs: Any, *, on_failure: OnFailure
+) -> Any:
     return "phase"
 
 
@@ -70,11 +81,9 @@ class FakePatch(Patch):
         self.native_marker = kw.get("native_marker")
 
     def hook_points(self) -> list[HookPoint]:
-        hooks = [
-            HookPoint(self.module, name, phase_classify) for name in self.qualnames
-        ]
+        hooks = [WrapHook(self.module, name, phase_classify) for name in self.qualnames]
         hooks.append(
-            HookPoint(self.module, "helper", double_result, caller="Runner.step")
+            WrapHook(self.module, "helper", double_result, caller="Runner.step")
         )
         return hooks
 
@@ -225,17 +234,17 @@ def test_method_of_a_renamed_class_is_missing(target: str) -> None:
     assert f"{target}.RenamedRunner.classify" in patch.reason
 
 
-# -- inline hook points (plain replacement functions, for the per-step path) ----
+# -- replace hook points (plain replacement functions, for the per-step path) ---
 
 
-def bind_phase_classify(classify: Any) -> Any:
+def bind_phase_classify(classify: Any, on_failure: OnFailure) -> Any:
     def phase_aware_classify(self: Any, value: Any) -> Any:
         return "phase" if value else classify(self, value)
 
     return phase_aware_classify
 
 
-def refuse_to_bind(original: Any) -> Any:
+def refuse_to_bind(original: Any, on_failure: OnFailure) -> Any:
     raise TypeError(f"{original.__qualname__} takes other arguments")
 
 
@@ -246,8 +255,8 @@ class InlinePatch(FakePatch):
 
     def hook_points(self) -> list[HookPoint]:
         return [
-            HookPoint(self.module, "Runner.classify", self.factory, inline=True),
-            HookPoint(self.module, "helper", double_result, caller="Runner.step"),
+            ReplaceHook(self.module, "Runner.classify", self.factory),
+            WrapHook(self.module, "helper", double_result, caller="Runner.step"),
         ]
 
 
@@ -294,6 +303,158 @@ def test_inline_hook_is_never_stacked_on_an_installed_one(target: str) -> None:
     (hook, _) = InlinePatch(target).hook_points()
 
     with pytest.raises(ValueError, match="already carries"):
-        hook.install(subclass, "classify")
+        hook.install(subclass, "classify", lambda error, reading: None)
     assert "classify" not in vars(subclass)
     assert subclass().classify(1) == "phase"
+
+
+# -- failing open at run time ----------------------------------------------------
+
+
+def bind_fragile_classify(classify: Any, on_failure: OnFailure) -> Any:
+    """Reads ``self.phase_state`` on every call: an attribute a release may drop."""
+
+    def phase_aware_classify(self: Any, value: Any) -> Any:
+        answer = classify(self, value)
+        try:
+            return "phase" if self.phase_state[value] else answer
+        except Exception as error:
+            on_failure(error, "Runner.phase_state")
+            return answer
+
+    return phase_aware_classify
+
+
+@pytest.fixture
+def fragile(target: str) -> tuple[Any, Patch, Registry]:
+    module = importlib.import_module(target)
+    patch = InlinePatch(target, factory=bind_fragile_classify)
+    registry = apply(patch)
+    return module, patch, registry
+
+
+def test_a_hook_that_fails_at_run_time_returns_vllm_answer_and_unhooks(
+    fragile: tuple[Any, Patch, Registry], caplog: pytest.LogCaptureFixture
+) -> None:
+    module, patch, registry = fragile
+    runner = module.Runner()
+    runner.phase_state = {1: True}
+    assert runner.classify(1) == "phase"
+    del runner.phase_state
+
+    with caplog.at_level(logging.WARNING, logger="vllm.graphsafe"):
+        assert runner.classify(1) == "shape"
+        assert runner.classify(1) == "shape"
+
+    assert patch.state is PatchState.FAILED
+    assert "AttributeError" in patch.reason and "Runner.phase_state" in patch.reason
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "fake-fix" in warnings[0] and "Runner.phase_state" in warnings[0]
+    assert not is_hooked(vars(module.Runner)["classify"])
+    assert module.Runner().step(3) == 4, "the rest of the patch stayed hooked"
+    registry.apply_all(read_settings({}))
+    assert patch.state is PatchState.FAILED, "re-applied after a run-time failure"
+
+
+def test_vllm_errors_propagate_unchanged(target: str) -> None:
+    module = importlib.import_module(target)
+
+    def release_classify(self: Any, value: Any) -> Any:
+        raise KeyError("vLLM's own error")
+
+    module.Runner.classify = release_classify
+    patch = InlinePatch(target, factory=bind_fragile_classify)
+    apply(patch)
+    runner = module.Runner()
+    runner.phase_state = {1: True}
+
+    with pytest.raises(KeyError, match="vLLM's own error"):
+        runner.classify(1)
+    assert patch.state is PatchState.APPLIED
+    assert is_hooked(vars(module.Runner)["classify"])
+
+
+def test_strict_mode_reraises_a_run_time_failure(target: str) -> None:
+    module = importlib.import_module(target)
+    patch = InlinePatch(target, factory=bind_fragile_classify)
+    apply(patch, {"VLLM_GRAPHSAFE_STRICT": "1"})
+
+    with pytest.raises(AttributeError, match="phase_state"):
+        module.Runner().classify(1)
+    assert patch.state is PatchState.APPLIED
+
+
+# -- what hooks read, checked in source ------------------------------------------
+
+
+class ReadingPatch(InlinePatch):
+    def __init__(self, module: str, requirement: Requirement) -> None:
+        super().__init__(module)
+        self.requirement = requirement
+
+    def reads(self) -> list[Requirement]:
+        return [self.requirement]
+
+
+@pytest.mark.parametrize(
+    ("requirement", "missing"),
+    [
+        (SetsAttribute("", "Runner", "phase_state", "classify"), "phase_state"),
+        (SetsAttribute("", "Walker", "phase_state", "classify"), "Walker"),
+        (TakesParameters("", "Runner.step", ("value", "width"), "step"), "width"),
+        (TakesParameters("", "Runner.run", ("value",), "step"), "Runner.run"),
+    ],
+)
+def test_something_a_hook_reads_is_missing_in_source(
+    target: str, requirement: Any, missing: str
+) -> None:
+    requirement = dataclasses.replace(requirement, module=target)
+    patch = ReadingPatch(target, requirement)
+    apply(patch)
+    assert patch.state is PatchState.FAILED
+    assert missing in patch.reason and "read by" in patch.reason
+
+
+def test_what_hooks_read_is_present_in_source(target: str) -> None:
+    patch = ReadingPatch(
+        target, TakesParameters(target, "Runner.step", ("value",), "step")
+    )
+    apply(patch)
+    assert patch.state is PatchState.APPLIED, patch.reason
+
+
+# -- reading source -----------------------------------------------------------------
+
+
+def test_source_reader_reads_a_tree_instead_of_the_installed_package(
+    tmp_path: Path,
+) -> None:
+    runner = tmp_path / "vllm" / "v1" / "worker"
+    runner.mkdir(parents=True)
+    (runner / "__init__.py").write_text("")
+    (runner / "gpu_model_runner.py").write_text(textwrap.dedent(TARGET_SOURCE))
+    sources = SourceReader(root=tmp_path)
+
+    assert sources.exists("vllm.v1.worker")
+    assert sources.defines("vllm.v1.worker.gpu_model_runner", "Runner.step")
+    assert sources.calls("vllm.v1.worker.gpu_model_runner", "Runner.step", "helper")
+    assert not sources.exists("vllm.v1.worker.gpu.model_runner")
+
+
+def test_a_name_in_a_comment_or_string_is_not_a_definition(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "mod.py").write_text(
+        "# def helper(value): once lived here\n"
+        'MESSAGE = "call helper(value) or Runner.step"\n'
+        "class Runner:\n"
+        "    def step(self):\n"
+        '        """helper(value) is gone."""\n'
+        "        return 1  # helper(1)\n"
+    )
+    sources = SourceReader(root=tmp_path)
+
+    assert not sources.defines("vllm.mod", "helper")
+    assert sources.defines("vllm.mod", "MESSAGE")
+    assert not sources.calls("vllm.mod", "Runner.step", "helper")
+    assert not sources.defines("vllm.mod", "Runner.classify")

@@ -103,9 +103,12 @@ def _recording_state_class() -> type:
         """Records reads of the phase columns once ``reads`` is a list."""
 
         def __getattribute__(self, name: str) -> Any:
-            reads = object.__getattribute__(self, "__dict__").get("reads")
+            own = object.__getattribute__(self, "__dict__")
+            reads = own.get("reads")
             if reads is not None and name in PHASE_FIELDS:
                 reads.append(name)
+            if name in own.get("hidden", ()):
+                raise AttributeError(f"RequestState has no attribute {name!r}")
             return object.__getattribute__(self, name)
 
     return RecordingRequestState
@@ -131,6 +134,7 @@ def request_state(num_speculative_steps: int) -> Any:
         draft_tokens=torch.zeros(MAX_REQS, max(num_speculative_steps, 1)),
         last_sampled_tokens=torch.zeros(MAX_REQS, 1, dtype=torch.int64),
         reads=None,
+        hidden=frozenset(),
     )
     return state
 
@@ -388,8 +392,29 @@ def batch_phase_fields(step: Step) -> dict[str, Any]:
     }
 
 
+#: Rows past ``num_reqs`` in the phase columns of a test input batch: stale rows
+#: still in prefill, so a reader that ignores ``num_reqs`` misreads decodes.
+PADDED_ROWS = 5
+
+
+_PADDING = {
+    "prefill_len_np": 300,
+    "num_computed_prefill_tokens_np": 0,
+    "is_prefilling_np": True,
+}
+
+
+def _padded(values: Any, fill: Any) -> np.ndarray:
+    column = np.asarray(values)
+    return np.concatenate([column, np.full(PADDED_ROWS, fill, dtype=column.dtype)])
+
+
 def input_batch(step: Step, **overrides: Any) -> Any:
-    """The target's input batch for ``step``, after its state update."""
+    """The target's input batch for ``step``, after its state update.
+
+    The per-row phase columns run ``PADDED_ROWS`` rows past ``num_reqs``, as a
+    padded batch's buffers do, with those rows in prefill.
+    """
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
     step.run_state_update()
@@ -418,6 +443,11 @@ def input_batch(step: Step, **overrides: Any) -> Any:
         "num_computed_tokens_np": computed,
         "has_structured_output_reqs": False,
         **phase,
+        **{
+            name: _padded(phase[name], fill)
+            for name, fill in _PADDING.items()
+            if name in phase
+        },
         "num_scheduled_tokens": scheduled,
         **overrides,
     }

@@ -543,6 +543,9 @@ from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
 
 
 class GPUModelRunner:
+    def __init__(self):
+        self.req_states = None
+
     def execute_model(self, scheduler_output, dummy_run=False):
         count = get_uniform_token_count(1, 1, 1)
         return dispatch_cg_and_sync_dp(count)
@@ -582,9 +585,27 @@ class FakeSources(SourceReader):
         return self._texts.get(module)
 
 
+_STATE_SOURCES = {
+    "vllm.v1.worker.gpu.states": """
+class RequestState:
+    def __init__(self):
+        self.num_computed_prefill_tokens = None
+        self.prefill_len = None
+        self.index_to_req_id = {}
+""",
+    "vllm.v1.worker.gpu.input_batch": """
+class InputBatch:
+    num_reqs: int
+    is_prefilling_np: object
+""",
+}
+
+
 def decided(texts: dict[str, str]) -> Any:
     from vllm_graphsafe.patches.mrv2_phase_dispatch import MRV2PhaseDispatchPatch
 
+    if texts:
+        texts = {**_STATE_SOURCES, **texts}
     patch = MRV2PhaseDispatchPatch()
     patch.decide(read_settings({}), FakeSources(texts))
     return patch
@@ -667,3 +688,159 @@ def test_phase_aware_runner_code_is_native() -> None:
 
 def test_no_model_runner_v2_is_not_applicable() -> None:
     assert decided({}).state is PatchState.NOT_APPLICABLE
+
+
+# -- fixed-width speculators ------------------------------------------------------
+
+FIXED_WIDTH_SPECULATORS = [
+    (f"{_SPEC}.{package}.speculator", name)
+    for package, name in (
+        ("dflash", "DFlashSpeculator"),
+        ("dflash2", "DFlash2Speculator"),
+    )
+]
+
+
+def test_fixed_width_speculators_are_left_alone() -> None:
+    """DFlash drafts a fixed-width block: no draft prefill to classify, no hook."""
+    from vllm_graphsafe.patches.mrv2_phase_dispatch import DRAFT_PREFILL_DISPATCHERS
+
+    sources = SourceReader()
+    present = [(m, n) for m, n in FIXED_WIDTH_SPECULATORS if sources.exists(m)]
+    hooked_modules = {hook.module for hook in the_patch().hook_points()}
+
+    # Only the speculators known to classify a draft prefill by shape are hooked.
+    assert hooked_modules <= {RUNNER_MODULE} | {
+        dispatcher.module for dispatcher in DRAFT_PREFILL_DISPATCHERS
+    }
+    # Releases before 0.24 have no DFlash: nothing more to check there.
+    for module_name, class_name in present:
+        assert module_name not in hooked_modules
+        module = importlib.import_module(module_name)
+        propose = vars(getattr(module, class_name)).get("propose")
+        assert propose is None or not is_hooked(propose)
+        assert not is_hooked(getattr(module, "get_uniform_token_count", None))
+
+
+# -- failing open ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def applied_patch() -> Any:
+    """The session's patch, applied; re-applied after a test made it fail."""
+    from vllm_graphsafe.plugin import registry
+
+    patch = the_patch()
+    if patch.state is not PatchState.APPLIED:
+        pytest.skip(f"{PATCH_ID} is {patch.state} here (native or switched off)")
+    yield patch
+    patch._failed_at_run_time = False
+    registry().apply_all()
+    assert patch.state is PatchState.APPLIED
+
+
+@pytest.mark.parametrize(
+    "name", ["num_computed_prefill_tokens", "prefill_len", "index_to_req_id"]
+)
+def test_unreadable_request_state_gives_vllm_count_and_fails_the_patch(
+    name: str,
+    applied_patch: Any,
+    target_dispatch: DispatchRecorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    width = 4
+    step = make_step(fresh_prompts(width), width)
+    runner = step.runner
+    update = type(runner).update_requests
+
+    def update_then_rename(scheduler_output: Any) -> None:
+        update(runner, scheduler_output)
+        runner.req_states.hidden = frozenset({name})
+
+    runner.update_requests = update_then_rename
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_execute_model(step)
+
+    assert target_dispatch.counts == [width], "not vLLM's own shape count"
+    assert applied_patch.state is PatchState.FAILED
+    assert name in applied_patch.reason
+    ours = [r.getMessage() for r in caplog.records if r.name == "vllm.graphsafe"]
+    assert len(ours) == 1 and PATCH_ID in ours[0]
+    module = importlib.import_module(RUNNER_MODULE)
+    assert not is_hooked(module.get_uniform_token_count)
+    assert not is_hooked(vars(module.GPUModelRunner)["execute_model"])
+
+
+@pytest.mark.parametrize("speculator", SPECULATORS[:1], ids=SPECULATOR_IDS[:1])
+@pytest.mark.parametrize("name", ["is_prefilling_np"])
+def test_unreadable_draft_batch_state_gives_vllm_count_and_fails_the_patch(
+    speculator: tuple[str, str],
+    name: str,
+    applied_patch: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    width = 4
+    batch = input_batch(draft_step(fresh_prompts(width), width), **{name: None})
+    drafter, dispatch = make_speculator(*speculator, width - 1, monkeypatch)
+
+    propose(drafter, batch)
+
+    assert dispatch.counts == [width], "not vLLM's own shape count"
+    assert applied_patch.state is PatchState.FAILED
+    assert name in applied_patch.reason
+
+
+@pytest.mark.parametrize(
+    ("module", "renamed"),
+    [
+        ("vllm.v1.worker.gpu.states", "index_to_req_id"),
+        ("vllm.v1.worker.gpu.states", "prefill_len"),
+        ("vllm.v1.worker.gpu.input_batch", "is_prefilling_np"),
+    ],
+)
+def test_a_state_column_renamed_in_source_fails_at_bind_naming_it(
+    module: str, renamed: str
+) -> None:
+    texts = {
+        RUNNER_MODULE: _RUNNER_SOURCE,
+        AR: _speculator_source("AutoRegressiveSpeculator"),
+        module: _STATE_SOURCES[module].replace(renamed, f"{renamed}_v2"),
+    }
+
+    patch = decided(texts)
+
+    assert patch.state is PatchState.FAILED
+    assert renamed in patch.reason
+
+
+@pytest.mark.parametrize(
+    "mention",
+    [
+        "# see gather_batch_req_state() upstream\n        ",
+        'logger.debug("no get_uniform_decode_token_count() here")\n        ',
+        "self.gather_batch_req_state = None\n        ",
+    ],
+    ids=["comment", "log-string", "unrelated-use"],
+)
+def test_a_runner_that_only_mentions_the_fix_is_still_patched(mention: str) -> None:
+    source = _RUNNER_SOURCE.replace(
+        "count = get_uniform_token_count", mention + "count = get_uniform_token_count"
+    )
+
+    patch = decided({RUNNER_MODULE: source})
+
+    assert patch.state is PatchState.APPLIED, patch.reason
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "get_uniform_decode_token_count(1, 1, 1, True)",
+        "self._get_uniform_decode_token_count(scheduler_output, dummy_run)",
+    ],
+)
+def test_each_upstream_classification_call_is_native(call: str) -> None:
+    source = _RUNNER_SOURCE.replace("get_uniform_token_count(1, 1, 1)", call)
+
+    assert decided({RUNNER_MODULE: source}).state is PatchState.NATIVE

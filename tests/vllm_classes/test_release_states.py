@@ -42,7 +42,7 @@ def test_release_is_one_ci_tests() -> None:
 
 
 def test_doctor_reports_every_patch_state_for_this_release() -> None:
-    status, report = doctor_report()
+    status, report = doctor_report("--import")
     states = {p["id"]: p["state"] for p in report["patches"]}  # type: ignore[index,union-attr]
     assert states == EXPECTED_STATES[installed_version()]
     assert status == 0
@@ -59,3 +59,22 @@ def test_doctor_fails_when_a_needed_fix_is_disabled(
     status, report = doctor_report(*flag)
     assert status != 0
     assert report["ok"] is False
+
+
+def test_the_installed_tree_read_as_a_source_tree_gets_the_same_states() -> None:
+    """``SourceReader(root=...)``, the backport's view, agrees with the installed."""
+    from pathlib import Path
+
+    import vllm
+
+    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.registry import SourceReader
+    from vllm_graphsafe.settings import read_settings
+
+    root = Path(vllm.__file__).parent.parent
+    settings = read_settings({})
+    for installed, tree in zip(all_patches(), all_patches(), strict=True):
+        installed.decide(settings, SourceReader())
+        tree.decide(settings, SourceReader(root=root))
+        assert (tree.state, tree.reason) == (installed.state, installed.reason)
+        assert installed.state is not None

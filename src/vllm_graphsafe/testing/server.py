@@ -15,9 +15,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_graphsafe.testing.engine import CPU_ENV, server_command
 
@@ -84,16 +85,41 @@ class LocalServer:
             f"{reason}; the last lines of its log ({self.log_path}):\n{self.log_tail()}"
         )
 
-    def stop(self) -> None:
-        """Interrupt the server's process group; kill it if it lingers."""
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGINT)
+    def stop(self, signal_number: int = signal.SIGINT, timeout: float = 30.0) -> None:
+        """Signal the server's process group (SIGINT unless told) and wait until
+        every process in it has ended; kill the group if any lingers."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal_number)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        deadline = time.monotonic() + timeout
+        killed = False
+        while live_group_members(self.process.pid):
+            if time.monotonic() > deadline:
+                if killed:
+                    return
+                with suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                killed = True
+                deadline = time.monotonic() + 10
+            time.sleep(0.2)
+
+
+def live_group_members(process_group: int) -> list[int]:
+    """Pids still running (not zombies) in ``process_group``; empty off Linux."""
+    members = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
         try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, pgid = fields[0], int(fields[2])
+        if pgid == process_group and state != "Z":
+            members.append(int(stat_file.parent.name))
+    return members
 
 
 def start_server(
@@ -148,3 +174,38 @@ def running_server(
         yield server
     finally:
         server.stop()
+
+
+def complete(
+    server: LocalServer,
+    prompt: str | list[int],
+    max_tokens: int,
+    *,
+    data_parallel_rank: int | None = None,
+    timeout: float = 180.0,
+) -> dict[str, Any]:
+    """A greedy completion that ignores end-of-sequence tokens.
+
+    ``data_parallel_rank`` steers it to that data-parallel rank (vLLM's
+    ``X-data-parallel-rank`` header).
+    """
+    import httpx
+
+    headers = {}
+    if data_parallel_rank is not None:
+        headers["X-data-parallel-rank"] = str(data_parallel_rank)
+    response = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json={
+            "model": server.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        },
+        headers=headers,
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result

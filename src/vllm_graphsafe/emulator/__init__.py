@@ -1,0 +1,131 @@
+"""The graph-hazard emulator: a test instrument, a CPU engine failing as a GPU would.
+
+A CPU runs no CUDA graphs, so the dispatch bug cannot corrupt anything there by
+itself. With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD=1`` in its environment, each vLLM
+process that runs a V1 model runner corrupts the answers of every step whose
+decision, as handed to vLLM's CUDA-graph dispatcher, is "uniform decode" while
+a scheduled request is still in its prompt: the step a GPU would replay
+through the FULL decode graph over prefill metadata. Its requests (prefill and
+decode rows alike, the worst case) answer with the first id past the
+vocabulary from then on, as the reference report's greedy output did.
+
+It observes the decision that really reaches the dispatcher, after whatever
+hooks ``_is_uniform_decode`` carries, and knows nothing of this project's
+patches (nor they of it). The plugin imports this package only when the switch
+is set; never set it on a server that answers real users.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import ModuleType
+from typing import Any
+
+import wrapt
+
+from vllm_graphsafe.emulator.hazard import EmulatorState, HazardStep
+from vllm_graphsafe.settings import EMULATE_ENV, emulate_graph_hazard
+
+__all__ = [
+    "EMULATE_ENV",
+    "STATE",
+    "HazardStep",
+    "describe",
+    "install",
+    "installed",
+    "requested",
+]
+
+#: This process's record (steps seen, hazardous steps, poisoned requests).
+STATE = EmulatorState()
+
+_lock = threading.Lock()
+_installed = False
+_bound_error: str | None = None
+_bound = False
+
+
+def requested() -> bool:
+    """Whether ``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` is on in this environment."""
+    return emulate_graph_hazard()
+
+
+def install() -> None:
+    """Bind to the V1 runner now if imported, else when it is. Idempotent."""
+    global _installed
+    from vllm_graphsafe.emulator.v1_runner import RUNNER_MODULE
+
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    wrapt.register_post_import_hook(_bind, RUNNER_MODULE)
+
+
+def installed() -> bool:
+    """Whether this process waits for (or has bound to) the V1 runner."""
+    return _installed
+
+
+def _bind(module: ModuleType) -> None:
+    global _bound, _bound_error
+    from vllm_graphsafe.emulator.v1_runner import BindError, V1RunnerEmulator
+
+    try:
+        V1RunnerEmulator(STATE).bind(module)
+    except (BindError, AttributeError, ImportError) as error:
+        _bound_error = str(error)
+        _logger().error(
+            "vllm-graphsafe: %s=1 but the graph-hazard emulator cannot bind in this "
+            "process (%s); it corrupts nothing here.",
+            EMULATE_ENV,
+            error,
+        )
+        return
+    _bound = True
+    _logger().warning(
+        "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE (%s=1, a test instrument): "
+        "steps dispatched as uniform decode while a request is in its prompt answer "
+        "with out-of-vocabulary ids, as a GPU replaying a FULL decode CUDA graph "
+        "would. Never use it on a server that answers real users.",
+        EMULATE_ENV,
+    )
+
+
+def describe() -> dict[str, Any]:
+    """For doctor: whether the emulator is switched on, and what it did here."""
+    on = requested()
+    if not on:
+        summary = f"off ({EMULATE_ENV} is not set)"
+    elif _bound:
+        summary = (
+            f"ON in this process: {STATE.real_steps} real steps seen, "
+            f"{len(STATE.hazards)} hazardous, {STATE.corrupted_token_count} "
+            "tokens corrupted"
+        )
+    else:
+        summary = (
+            f"ON ({EMULATE_ENV}=1): vLLM processes started with this environment "
+            "corrupt the answers of steps a GPU would replay through a FULL decode "
+            "CUDA graph while a request is in its prompt. A test instrument: never "
+            "on a production server."
+        )
+    return {
+        "name": "graph-hazard emulator",
+        "variable": EMULATE_ENV,
+        "requested": on,
+        "bound_in_this_process": _bound,
+        "bind_error": _bound_error,
+        "runner": "V1 (vllm/v1/worker/gpu_model_runner.py and its CPU subclass)",
+        "summary": summary,
+    }
+
+
+def _logger() -> logging.Logger:
+    try:
+        from vllm.logger import init_logger
+    except ImportError:
+        return logging.getLogger("vllm.graphsafe")
+    vllm_logger: logging.Logger = init_logger("vllm.graphsafe")
+    return vllm_logger

@@ -1,0 +1,148 @@
+"""What the graph-hazard emulator decides, without vLLM: pure and unit-tested.
+
+A step is *hazardous* when the decision handed to the CUDA-graph dispatcher
+says uniform decode while a scheduled request is still in its prompt: a GPU
+would replay the FULL decode graph over prefill metadata. Every request
+scheduled in such a step is *poisoned* (the prefill rows, and the decode rows
+sharing the step, the worst case), and from then on each token sampled for it
+is replaced by the first id past the vocabulary, as the reference report saw
+(a repeated out-of-vocabulary id in greedy output). A poisoned request stays
+poisoned until it finishes: a corrupted recurrent or KV state does not heal.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: How many hazardous steps an engine process remembers (for tests and logs).
+HAZARD_LOG_LENGTH = 1000
+
+
+def dispatched_uniform_decode(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """The ``uniform_decode`` argument of ``CudagraphDispatcher.dispatch``.
+
+    ``dispatch(self, num_tokens, uniform_decode=False, ...)``; ``args``
+    excludes ``self``, so a positional ``uniform_decode`` is ``args[1]``.
+    """
+    if "uniform_decode" in kwargs:
+        return bool(kwargs["uniform_decode"])
+    return bool(args[1]) if len(args) > 1 else False
+
+
+def rows_in_prompt(
+    req_ids: Sequence[str | None],
+    num_computed_tokens: Sequence[int],
+    num_prompt_tokens: Sequence[int],
+) -> tuple[str, ...]:
+    """The requests whose computed count, before the step, is short of the prompt."""
+    return tuple(
+        req_id
+        for req_id, computed, prompt in zip(
+            req_ids, num_computed_tokens, num_prompt_tokens, strict=False
+        )
+        if req_id is not None and int(computed) < int(prompt)
+    )
+
+
+@dataclass(frozen=True)
+class HazardStep:
+    """A real step the dispatcher was told was uniform decode, with prompt rows."""
+
+    step: int
+    scheduled: tuple[str, ...]
+    in_prompt: tuple[str, ...]
+
+
+@dataclass
+class StepObservation:
+    """What one real step handed to the dispatcher (the last call wins)."""
+
+    scheduled: tuple[str, ...]
+    uniform_decode: bool | None = None
+    in_prompt: tuple[str, ...] = ()
+    dummy_depth: int = 0
+
+    def observe(self, uniform_decode: bool, in_prompt: tuple[str, ...]) -> None:
+        self.uniform_decode = uniform_decode
+        self.in_prompt = in_prompt
+
+    @property
+    def hazardous(self) -> bool:
+        return bool(self.uniform_decode) and bool(self.in_prompt)
+
+
+def corrupted_tokens(
+    req_ids: Sequence[str],
+    sampled_token_ids: Sequence[Sequence[int]],
+    poisoned: Iterable[str],
+    corrupt_id: int,
+) -> list[list[int]] | None:
+    """``sampled_token_ids`` with every poisoned row's ids replaced, or None.
+
+    Rows keep their length, so the scheduler's accounting of accepted tokens
+    is unchanged; None when no row of this output is poisoned.
+    """
+    hit = set(poisoned)
+    if not hit.intersection(req_ids):
+        return None
+    return [
+        [corrupt_id] * len(tokens) if req_id in hit else list(tokens)
+        for req_id, tokens in zip(req_ids, sampled_token_ids, strict=False)
+    ]
+
+
+@dataclass
+class EmulatorState:
+    """Per-process record: steps seen, hazardous steps, poisoned requests."""
+
+    real_steps: int = 0
+    uniform_decode_steps: int = 0
+    corrupted_token_count: int = 0
+    poisoned: set[str] = field(default_factory=set)
+    hazards: deque[HazardStep] = field(
+        default_factory=lambda: deque(maxlen=HAZARD_LOG_LENGTH)
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def forget(self, finished: Iterable[str]) -> None:
+        with self.lock:
+            self.poisoned.difference_update(finished)
+
+    def finish_step(self, observation: StepObservation) -> HazardStep | None:
+        """Count a real step; poison its requests when it was hazardous."""
+        if observation.uniform_decode is None:
+            return None  # never reached the dispatcher (no forward pass)
+        with self.lock:
+            self.real_steps += 1
+            if observation.uniform_decode:
+                self.uniform_decode_steps += 1
+            if not observation.hazardous:
+                return None
+            hazard = HazardStep(
+                self.real_steps, observation.scheduled, observation.in_prompt
+            )
+            self.hazards.append(hazard)
+            self.poisoned.update(observation.scheduled)
+            return hazard
+
+    def corrupt(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        corrupt_id: int,
+    ) -> list[list[int]] | None:
+        with self.lock:
+            replaced = corrupted_tokens(
+                req_ids, sampled_token_ids, self.poisoned, corrupt_id
+            )
+            if replaced is not None:
+                self.corrupted_token_count += sum(
+                    len(tokens)
+                    for req_id, tokens in zip(req_ids, replaced, strict=False)
+                    if req_id in self.poisoned
+                )
+            return replaced

@@ -1,0 +1,151 @@
+"""Binds the graph-hazard emulator to vLLM's V1 model runner (and its CPU subclass).
+
+Three wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
+(so only in the processes that run a model):
+
+``GPUModelRunner.execute_model``
+    opens a step when it schedules tokens (the only dummy run inside it is for
+    an empty step: capture, profiling and warm-up dummy runs happen outside it),
+    forgets finished requests, and closes the step: a hazardous step poisons
+    every request it scheduled.
+``CudagraphDispatcher.dispatch``
+    inside an open step, on the runner's own dispatcher: records the
+    ``uniform_decode`` it is handed (after any hook on ``_is_uniform_decode``)
+    and which scheduled rows had not computed their whole prompt before the
+    step, read from the runner's input batch at that moment.
+``GPUModelRunner.execute_model`` / ``sample_tokens`` return values
+    a ``ModelRunnerOutput``'s sampled ids of poisoned requests are replaced by
+    the first id past the vocabulary. The runner's own token state is left
+    alone: the API answer carries the corruption, the engine keeps running.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from types import ModuleType
+from typing import Any
+
+import wrapt
+
+from vllm_graphsafe.emulator.hazard import (
+    EmulatorState,
+    StepObservation,
+    dispatched_uniform_decode,
+    rows_in_prompt,
+)
+
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
+RUNNER_CLASS = "GPUModelRunner"
+DISPATCHER_CLASS = "CudagraphDispatcher"
+
+
+class BindError(RuntimeError):
+    """This vLLM's runner lacks what the emulator observes."""
+
+
+class _Step(threading.local):
+    runner: Any = None
+    observation: StepObservation | None = None
+
+
+class V1RunnerEmulator:
+    def __init__(self, state: EmulatorState) -> None:
+        self.state = state
+        self._step = _Step()
+
+    def bind(self, runner_module: ModuleType) -> None:
+        runner_class = getattr(runner_module, RUNNER_CLASS, None)
+        dispatcher_module = importlib.import_module(DISPATCHER_MODULE)
+        dispatcher_class = getattr(dispatcher_module, DISPATCHER_CLASS, None)
+        missing = [
+            f"{RUNNER_MODULE}.{RUNNER_CLASS}.execute_model"
+            for owner in (runner_class,)
+            if not hasattr(owner, "execute_model")
+        ] + [
+            f"{DISPATCHER_MODULE}.{DISPATCHER_CLASS}.dispatch"
+            for owner in (dispatcher_class,)
+            if not hasattr(owner, "dispatch")
+        ]
+        if missing:
+            raise BindError(f"this vLLM has no {', '.join(missing)}")
+        wrapt.wrap_function_wrapper(runner_class, "execute_model", self._on_execute)
+        if hasattr(runner_class, "sample_tokens"):
+            wrapt.wrap_function_wrapper(
+                runner_class, "sample_tokens", self._on_sample_tokens
+            )
+        wrapt.wrap_function_wrapper(dispatcher_class, "dispatch", self._on_dispatch)
+
+    # ----------------------------------------------------------------- wrappers
+
+    def _on_execute(
+        self, wrapped: Any, runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if self._step.observation is not None:  # a subclass calling super()
+            return wrapped(*args, **kwargs)
+        scheduler_output = args[0] if args else kwargs.get("scheduler_output")
+        self.state.forget(getattr(scheduler_output, "finished_req_ids", None) or ())
+        if not getattr(scheduler_output, "total_num_scheduled_tokens", 0):
+            return self._corrupt(runner, wrapped(*args, **kwargs))
+        scheduled = tuple(getattr(scheduler_output, "num_scheduled_tokens", {}))
+        observation = StepObservation(scheduled)
+        self._step.runner, self._step.observation = runner, observation
+        try:
+            output = wrapped(*args, **kwargs)
+        finally:
+            self._step.runner, self._step.observation = None, None
+        self.state.finish_step(observation)
+        return self._corrupt(runner, output)
+
+    def _on_sample_tokens(
+        self, wrapped: Any, runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        return self._corrupt(runner, wrapped(*args, **kwargs))
+
+    def _on_dispatch(
+        self,
+        wrapped: Any,
+        dispatcher: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        observation, runner = self._step.observation, self._step.runner
+        if observation is not None and dispatcher is getattr(
+            runner, "cudagraph_dispatcher", None
+        ):
+            # ``dispatch`` is wrapped on the class: ``args`` excludes self.
+            observation.observe(
+                dispatched_uniform_decode(args, kwargs),
+                _prompt_rows(runner, observation.scheduled),
+            )
+        return wrapped(*args, **kwargs)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _corrupt(self, runner: Any, output: Any) -> Any:
+        req_ids = getattr(output, "req_ids", None)
+        sampled = getattr(output, "sampled_token_ids", None)
+        if not req_ids or not isinstance(sampled, list) or not self.state.poisoned:
+            return output
+        replaced = self.state.corrupt(req_ids, sampled, corrupt_token_id(runner))
+        if replaced is not None:
+            output.sampled_token_ids = replaced
+        return output
+
+
+def _prompt_rows(runner: Any, scheduled: tuple[str, ...]) -> tuple[str, ...]:
+    batch = runner.input_batch
+    count = batch.num_reqs
+    in_prompt = rows_in_prompt(
+        list(batch.req_ids)[:count],
+        batch.num_computed_tokens_cpu[:count].tolist(),
+        batch.num_prompt_tokens[:count].tolist(),
+    )
+    wanted = set(scheduled)
+    return tuple(req_id for req_id in in_prompt if req_id in wanted)
+
+
+def corrupt_token_id(runner: Any) -> int:
+    """The first id past the model's vocabulary (the width of its logits)."""
+    return int(runner.model_config.get_vocab_size())

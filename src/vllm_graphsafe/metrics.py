@@ -1,0 +1,187 @@
+"""The plugin's decisions and patch states on vLLM's own ``/metrics``.
+
+The decisions are made in the engine-core and worker processes; ``/metrics``
+is served by the API server process. With no configuration, the plugin in the
+API server creates a private directory (mode 0700, unpredictable name) and
+names it in ``GRAPHSAFE_METRICS_DIR`` before vLLM starts its engine processes,
+which inherit it; every process leaves its record there (see ``stats``), and a
+collector registered on prometheus_client's default registry, the one vLLM
+serves, sums the records at scrape time. Nothing is read on the step path.
+
+vLLM serves a different registry when it runs several API server processes
+(``--api-server-count`` above 1 sets ``PROMETHEUS_MULTIPROC_DIR``); there the
+plugin's metrics are not on ``/metrics``; ``GRAPHSAFE_STATS_DIR`` still works.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import shutil
+import stat
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from vllm_graphsafe.registry import PatchState
+from vllm_graphsafe.settings import METRICS_DIR_ENV, read_settings
+from vllm_graphsafe.stats import ROLE_API_SERVER, process_role, read_records_leniently
+
+DECISIONS = "graphsafe_dispatch_decisions"
+DECISIONS_HELP = (
+    "Dispatch decisions the vllm-graphsafe patches made, summed over vLLM's "
+    "engine-core and worker processes (decision: uniform_decode, "
+    "prefill_kept_off_decode_graph, dummy, non_uniform, staged_dummy; draft_* for "
+    "Model Runner V2's draft prefill)."
+)
+PATCH_STATE = "graphsafe_patch_state"
+PATCH_STATE_HELP = (
+    "Number of vLLM processes in which each vllm-graphsafe patch is in each state "
+    "(applied, native, not applicable, disabled, failed)."
+)
+#: An example Prometheus alerting rule, shown by the demo and the README.
+EXAMPLE_ALERT = f"""\
+- alert: GraphsafePatchFailed
+  expr: sum by (patch) ({PATCH_STATE}{{state="failed"}}) > 0
+  for: 1m
+  annotations:
+    summary: "vllm-graphsafe patch {{{{ $labels.patch }}}} failed; vLLM runs without it"
+"""
+
+_prepared_in_pid: int | None = None
+_prepared_directory: Path | None = None
+
+
+def is_root_process() -> bool:
+    """Whether this is the process that serves ``/metrics`` (not an engine process)."""
+    return process_role(multiprocessing.current_process().name) == ROLE_API_SERVER
+
+
+def prepare_metrics_directory() -> Path | None:
+    """This process's metrics directory: created here in the API server, else inherited.
+
+    Idempotent within a process. Returns None where there is none to use.
+    """
+    global _prepared_in_pid, _prepared_directory
+    if _prepared_in_pid == os.getpid():
+        return _prepared_directory
+    _prepared_in_pid = os.getpid()
+    _prepared_directory = None
+    if is_root_process():
+        try:
+            directory = Path(tempfile.mkdtemp(prefix="graphsafe-metrics-"))
+        except OSError:
+            return None
+        os.environ[METRICS_DIR_ENV] = str(directory)
+        atexit.register(_remove_directory, directory, os.getpid())
+        register_collector(directory)
+        _prepared_directory = directory
+        return directory
+    inherited = read_settings().metrics_dir
+    if inherited and is_private_directory(Path(inherited)):
+        _prepared_directory = Path(inherited)
+    return _prepared_directory
+
+
+def is_private_directory(path: Path) -> bool:
+    """A real directory of this user that nobody else can enter."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.getuid()
+        and not info.st_mode & 0o077
+    )
+
+
+def _remove_directory(directory: Path, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def register_collector(directory: Path) -> bool:
+    """Put the collector on prometheus_client's default registry (``/metrics``)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return False
+    try:
+        REGISTRY.register(DispatchCollector(directory))
+    except ValueError:  # already registered (a second plugin load)
+        return False
+    return True
+
+
+class DispatchCollector:
+    """Reads every process's record at scrape time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield from metric_families(read_records_leniently(self.directory))
+
+
+def resolved_dp_ranks(records: Iterable[dict[str, Any]]) -> dict[int, int | None]:
+    """Each record's DP rank: its own, else its engine core parent's (a worker)."""
+    by_pid = {record["pid"]: record for record in records}
+    ranks: dict[int, int | None] = {}
+    for pid, record in by_pid.items():
+        rank = record.get("dp_rank")
+        ancestor = record
+        for _ in range(3):
+            if rank is not None:
+                break
+            ancestor = by_pid.get(ancestor.get("ppid"), {})
+            rank = ancestor.get("dp_rank")
+        ranks[pid] = rank if isinstance(rank, int) else None
+    return ranks
+
+
+def metric_families(records: list[dict[str, Any]]) -> list[Any]:
+    """The counters and gauges for ``records``; DP rank a label if there are several."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    ranks = resolved_dp_ranks(records)
+    by_rank = len({rank for rank in ranks.values() if rank is not None}) > 1
+    extra = ["dp_rank"] if by_rank else []
+
+    def rank_label(record: dict[str, Any]) -> tuple[str, ...]:
+        rank = ranks.get(record["pid"])
+        return (str(rank) if rank is not None else "",) if by_rank else ()
+
+    decisions: dict[tuple[str, ...], int] = defaultdict(int)
+    states: dict[tuple[str, ...], int] = defaultdict(int)
+    patches_by_rank: set[tuple[str, ...]] = set()
+    for record in records:
+        rank = rank_label(record)
+        for patch, events in record.get("counts", {}).items():
+            for event, value in events.items():
+                decision_key = (patch, event, *rank)
+                decisions[decision_key] += int(value)
+        for patch, state in record.get("patches", {}).items():
+            state_key = (patch, state, *rank)
+            states[state_key] += 1
+            patches_by_rank.add((patch, *rank))
+    decision_family = CounterMetricFamily(
+        DECISIONS, DECISIONS_HELP, labels=["patch", "decision", *extra]
+    )
+    for labels, value in sorted(decisions.items()):
+        decision_family.add_metric(list(labels), value)
+    state_family = GaugeMetricFamily(
+        PATCH_STATE, PATCH_STATE_HELP, labels=["patch", "state", *extra]
+    )
+    for patch_and_rank in sorted(patches_by_rank):
+        patch, rank = patch_and_rank[0], patch_and_rank[1:]
+        for state in PatchState:
+            value = states.get((patch, state.value, *rank), 0)
+            state_family.add_metric([patch, state.value, *rank], value)
+    return [decision_family, state_family]

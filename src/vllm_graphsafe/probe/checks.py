@@ -1,0 +1,300 @@
+"""The probe's checks: small pure functions of the answers it collected.
+
+``vocab``           no generated token id is outside the model's vocabulary;
+``repetition``      no degenerate run at the end unless the controls show one too;
+``cold_warm``       the same prompt answers identically cold and from prefix cache;
+``controls``        a boundary prompt answers in the same kind as its controls;
+``concurrent``      prompts sent together answer as they do alone;
+``ongoing_decode``  a long greedy decode is unchanged by boundary prompts inserted
+                    while it runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_graphsafe.probe.settings import REPETITION_THRESHOLD
+
+PASS = "pass"
+FAIL = "fail"
+SKIP = "skip"
+
+CHECK_NAMES = (
+    "vocab",
+    "repetition",
+    "cold_warm",
+    "controls",
+    "concurrent",
+    "ongoing_decode",
+)
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer, with its prompt's length and kind and the phase that asked."""
+
+    length: int
+    phase: str
+    output: Completion
+    prompt: str = "padded instruction"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    lengths: tuple[int, ...]
+    status: str
+    detail: str
+
+    @property
+    def length_label(self) -> str:
+        return "+".join(str(length) for length in self.lengths) or "-"
+
+
+def out_of_vocab_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
+    return [
+        token_id for token_id in token_ids if token_id < 0 or token_id >= vocab_size
+    ]
+
+
+def trailing_run(items: Sequence[Any]) -> tuple[Any, int]:
+    """The last item and how many times it repeats at the end."""
+    if not items:
+        return None, 0
+    last = items[-1]
+    count = 0
+    for item in reversed(items):
+        if item != last:
+            break
+        count += 1
+    return last, count
+
+
+def degenerate_repetition(
+    output: Completion, threshold: int = REPETITION_THRESHOLD
+) -> str | None:
+    """Describe a run of one token or one character at the end, if long enough."""
+    token, token_count = trailing_run(output.token_ids)
+    if token_count >= threshold:
+        return f"token {token} repeated {token_count} times"
+    char, char_count = trailing_run(output.text)
+    if char_count >= threshold:
+        return f"{char!r} repeated {char_count} times"
+    return None
+
+
+def anomalies(
+    output: Completion, vocab_size: int | None, threshold: int = REPETITION_THRESHOLD
+) -> set[str]:
+    """The kinds of garbage an answer shows."""
+    kinds: set[str] = set()
+    if vocab_size is not None and out_of_vocab_ids(output.token_ids, vocab_size):
+        kinds.add("out-of-vocabulary ids")
+    if degenerate_repetition(output, threshold) is not None:
+        kinds.add("degenerate repetition")
+    return kinds
+
+
+def first_difference(left: Sequence[Any], right: Sequence[Any]) -> int | None:
+    for index, (a, b) in enumerate(zip(left, right, strict=False)):
+        if a != b:
+            return index
+    if len(left) != len(right):
+        return min(len(left), len(right))
+    return None
+
+
+def same_output(left: Completion, right: Completion) -> bool:
+    return left.token_ids == right.token_ids and left.text == right.text
+
+
+def describe_difference(left: Completion, right: Completion) -> str:
+    index = first_difference(left.token_ids, right.token_ids)
+    if index is None:
+        return "same ids but different text"
+
+    def id_at(ids: Sequence[int]) -> str:
+        return str(ids[index]) if index < len(ids) else "end"
+
+    return f"token {index}: {id_at(left.token_ids)} vs {id_at(right.token_ids)}"
+
+
+def check_vocab(
+    lengths: tuple[int, ...],
+    samples: Sequence[Sample],
+    vocab_size: int | None,
+    subject: str = "",
+) -> CheckResult:
+    """No answer holds an id outside the vocabulary; ``subject`` prefixes the detail."""
+    if vocab_size is None:
+        return CheckResult(
+            "vocab",
+            lengths,
+            SKIP,
+            f"{subject}vocabulary size unknown; pass --vocab-size",
+        )
+    bad_phases: list[str] = []
+    bad_ids: set[int] = set()
+    for sample in samples:
+        found = out_of_vocab_ids(sample.output.token_ids, vocab_size)
+        if found:
+            if sample.phase not in bad_phases:
+                bad_phases.append(sample.phase)
+            bad_ids.update(found)
+    if bad_ids:
+        examples = ", ".join(str(i) for i in sorted(bad_ids)[:5])
+        return CheckResult(
+            "vocab",
+            lengths,
+            FAIL,
+            f"{subject}ids {examples} >= vocab size {vocab_size} "
+            f"in {', '.join(bad_phases)}",
+        )
+    return CheckResult(
+        "vocab",
+        lengths,
+        PASS,
+        f"{subject}{len(samples)} answers, all ids < {vocab_size}",
+    )
+
+
+def check_repetition(
+    length: int,
+    boundary_outputs: Sequence[Completion],
+    control_outputs: Mapping[int, Sequence[Completion]],
+    threshold: int = REPETITION_THRESHOLD,
+) -> CheckResult:
+    found = [p for o in boundary_outputs if (p := degenerate_repetition(o, threshold))]
+    if not found:
+        return CheckResult(
+            "repetition", (length,), PASS, f"no run of {threshold}+ at the end"
+        )
+    in_controls = [
+        p
+        for outputs in control_outputs.values()
+        for o in outputs
+        if (p := degenerate_repetition(o, threshold))
+    ]
+    if in_controls:
+        return CheckResult(
+            "repetition",
+            (length,),
+            PASS,
+            f"{found[0]}, as in the controls ({in_controls[0]})",
+        )
+    controls = ", ".join(str(n) for n in sorted(control_outputs)) or "none"
+    return CheckResult(
+        "repetition",
+        (length,),
+        FAIL,
+        f"{found[0]}; controls {controls} show no such run",
+    )
+
+
+def check_cold_warm(length: int, cold: Completion, warm: Completion) -> CheckResult:
+    if same_output(cold, warm):
+        return CheckResult(
+            "cold_warm", (length,), PASS, f"identical {len(cold.token_ids)} tokens"
+        )
+    return CheckResult(
+        "cold_warm",
+        (length,),
+        FAIL,
+        f"warm answer differs from cold at {describe_difference(cold, warm)}",
+    )
+
+
+def check_controls(
+    length: int,
+    boundary_outputs: Sequence[Completion],
+    control_outputs: Mapping[int, Sequence[Completion]],
+    vocab_size: int | None,
+    threshold: int = REPETITION_THRESHOLD,
+) -> CheckResult:
+    if not control_outputs:
+        return CheckResult("controls", (length,), SKIP, "no control lengths")
+    controls = ", ".join(str(n) for n in sorted(control_outputs))
+    boundary_kinds: set[str] = set()
+    for output in boundary_outputs:
+        boundary_kinds |= anomalies(output, vocab_size, threshold)
+    control_kinds: set[str] = set()
+    for outputs in control_outputs.values():
+        for output in outputs:
+            control_kinds |= anomalies(output, vocab_size, threshold)
+    extra = sorted(boundary_kinds - control_kinds)
+    if extra:
+        return CheckResult(
+            "controls",
+            (length,),
+            FAIL,
+            f"{' and '.join(extra)}, unlike controls {controls}",
+        )
+    return CheckResult(
+        "controls", (length,), PASS, f"same kind of answer as controls {controls}"
+    )
+
+
+def check_concurrent(
+    group: tuple[int, ...],
+    outputs: Sequence[Completion],
+    solo: Mapping[int, Completion],
+    context: str,
+) -> CheckResult:
+    for length, output in zip(group, outputs, strict=True):
+        if not same_output(output, solo[length]):
+            return CheckResult(
+                "concurrent",
+                group,
+                FAIL,
+                f"{context}: the {length}-token prompt differs from its solo answer "
+                f"at {describe_difference(solo[length], output)}",
+            )
+    return CheckResult("concurrent", group, PASS, f"{context}: all match solo answers")
+
+
+def continues_counting(text: str, at_least: int = 5) -> bool:
+    """Whether ``text`` goes on with 11, 12, 13, ... after "1 2 ... 10"."""
+    numbers = [int(match) for match in re.findall(r"\d+", text)[:at_least]]
+    return len(numbers) == at_least and numbers == list(range(11, 11 + at_least))
+
+
+def check_ongoing_decode(
+    lengths: tuple[int, ...],
+    solo: Completion,
+    perturbed: Completion,
+    overlapped_inserts: int,
+) -> CheckResult:
+    counting = "continues counting" if continues_counting(solo.text) else "not counting"
+    if not same_output(solo, perturbed):
+        return CheckResult(
+            "ongoing_decode",
+            lengths,
+            FAIL,
+            f"with boundary prompts inserted the decode differs from the solo run at "
+            f"{describe_difference(solo, perturbed)}",
+        )
+    if overlapped_inserts == 0:
+        return CheckResult(
+            "ongoing_decode",
+            lengths,
+            SKIP,
+            "the decode ended before any boundary prompt arrived; "
+            "raise --decode-tokens",
+        )
+    return CheckResult(
+        "ongoing_decode",
+        lengths,
+        PASS,
+        f"{len(solo.token_ids)} tokens match the solo run with {overlapped_inserts} "
+        f"prompts inserted while it ran ({counting})",
+    )

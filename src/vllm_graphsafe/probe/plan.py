@@ -1,0 +1,251 @@
+"""Which prompt lengths the probe sends, and how: pure functions of the settings.
+
+Boundary lengths are K+1, a block (or chunk) plus K+1, and two blocks plus K+1,
+each next to controls one token shorter and longer. With 800-token blocks and
+K = 3 the first block boundary is the seed's HTTP reproducer, 804 tokens.
+When the served model's context allows them, the seed's long prompts join the
+plan: 88,800 and 99,200 tokens of context (111 and 124 blocks of 800, rounded up
+to whole blocks of the server's size) plus K+1, i.e. 88,804 and 99,204 tokens for
+K = 3; they are sent cold and warm, together as a pair, and the first one is
+inserted into the ongoing decode, as the seed did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+#: /v1/models, /tokenize (instruction), /tokenize (filler).
+BASE_DISCOVERY_REQUESTS = 3
+#: The seed reproducer's cache block size and its long prompts' context lengths.
+SEED_BLOCK_SIZE = 800
+SEED_LONG_CONTEXTS = (111 * SEED_BLOCK_SIZE, 124 * SEED_BLOCK_SIZE)
+# Kept at the end of every padded prompt so that it still ends with the chat
+# template's assistant turn, whatever filler sits in between.
+INSTRUCTION_TAIL_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Boundary:
+    length: int
+    label: str
+    controls: tuple[int, ...]
+    long: bool = False
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    boundaries: tuple[Boundary, ...]
+    groups: tuple[tuple[int, ...], ...]
+    decode_inserts: tuple[int, ...]
+    discovery_requests: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def solo_lengths(self) -> tuple[int, ...]:
+        lengths = {boundary.length for boundary in self.boundaries}
+        for boundary in self.boundaries:
+            lengths.update(boundary.controls)
+        return tuple(sorted(lengths))
+
+    @property
+    def boundary_lengths(self) -> tuple[int, ...]:
+        return tuple(boundary.length for boundary in self.boundaries)
+
+    @property
+    def long_lengths(self) -> tuple[int, ...]:
+        return tuple(b.length for b in self.boundaries if b.long)
+
+    @property
+    def request_count(self) -> int:
+        """Requests the plan sends when every answer carries its token ids."""
+        solo = 2 * len(self.solo_lengths)  # cold and warm
+        together = sum(len(group) for group in self.groups)
+        decode = 2 + len(self.decode_inserts)  # solo, perturbed, inserted prompts
+        return self.discovery_requests + solo + together + decode
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "boundaries": [
+                {
+                    "length": boundary.length,
+                    "label": boundary.label,
+                    "controls": list(boundary.controls),
+                    "long": boundary.long,
+                }
+                for boundary in self.boundaries
+            ],
+            "solo_lengths": list(self.solo_lengths),
+            "concurrent_groups": [list(group) for group in self.groups],
+            "decode_inserts": list(self.decode_inserts),
+            "planned_requests": self.request_count,
+            "notes": list(self.notes),
+        }
+
+
+def make_plan(
+    num_speculative_tokens: int,
+    block_size: int,
+    chunk_size: int | None,
+    concurrency: int,
+    needs_vocab_probe: bool,
+) -> ProbePlan:
+    """Boundary lengths, their controls, concurrent groups and decode inserts."""
+    step = num_speculative_tokens + 1
+    labels_by_offset: dict[int, list[str]] = {0: [f"K+1 = {step}"]}
+    first_block = f"block {block_size} + K+1"
+    if block_size == SEED_BLOCK_SIZE and step == 4:
+        first_block += " (the seed reproducer)"
+    offsets = [(block_size, first_block)]
+    offsets.append((2 * block_size, f"2 x block {block_size} + K+1"))
+    if chunk_size is not None:
+        offsets.append((chunk_size, f"chunk {chunk_size} + K+1"))
+    for offset, label in offsets:
+        labels_by_offset.setdefault(offset, []).append(label)
+
+    notes: list[str] = []
+    boundaries: list[Boundary] = []
+    for offset in sorted(labels_by_offset):
+        length = offset + step
+        controls = tuple(c for c in (length - 1, length + 1) if c >= 1)
+        if len(controls) < 2:
+            notes.append(f"control length {length - 1} skipped: a prompt needs a token")
+        label = " = ".join(labels_by_offset[offset])
+        boundaries.append(Boundary(length, label, controls))
+
+    lengths = [boundary.length for boundary in boundaries]
+    return ProbePlan(
+        boundaries=tuple(boundaries),
+        groups=concurrent_groups(lengths, concurrency),
+        decode_inserts=tuple(lengths),
+        discovery_requests=BASE_DISCOVERY_REQUESTS + (1 if needs_vocab_probe else 0),
+        notes=tuple(notes),
+    )
+
+
+def concurrent_groups(lengths: Sequence[int], size: int) -> tuple[tuple[int, ...], ...]:
+    """Groups sent together: each length with itself, then each with the next ones.
+
+    Equal lengths make a uniform batch (the trigger when the length is K+1);
+    neighbouring boundary lengths differ by a block, like N and N+block.
+    """
+    ordered = sorted(set(lengths))
+    same = [(length,) * size for length in ordered]
+    mixed = [
+        tuple(ordered[(start + offset) % len(ordered)] for offset in range(size))
+        for start in range(len(ordered) - 1)
+    ]
+    return tuple(same + mixed)
+
+
+def long_boundaries(num_speculative_tokens: int, block_size: int) -> list[Boundary]:
+    """The seed's long prompts, at whole blocks of ``block_size`` plus K+1."""
+    step = num_speculative_tokens + 1
+    boundaries = []
+    for context in SEED_LONG_CONTEXTS:
+        blocks = -(-context // block_size)
+        boundaries.append(
+            Boundary(
+                blocks * block_size + step,
+                f"long: {blocks} x block {block_size} + K+1",
+                controls=(),
+                long=True,
+            )
+        )
+    return boundaries
+
+
+def fit_plan(plan: ProbePlan, max_model_len: int | None, max_tokens: int) -> ProbePlan:
+    """Drop the lengths whose prompt plus answer would not fit the model."""
+    if max_model_len is None:
+        return plan
+    limit = max_model_len - max_tokens
+
+    notes = list(plan.notes)
+    boundaries: list[Boundary] = []
+    for boundary in plan.boundaries:
+        if boundary.length > limit:
+            notes.append(
+                f"boundary length {boundary.length} ({boundary.label}) skipped: "
+                f"it does not fit max_model_len {max_model_len} with "
+                f"{max_tokens} new tokens"
+            )
+            continue
+        controls = tuple(c for c in boundary.controls if c <= limit)
+        if controls != boundary.controls:
+            notes.append(f"control length {boundary.length + 1} skipped: too long")
+        boundaries.append(replace(boundary, controls=controls))
+    kept = {boundary.length for boundary in boundaries}
+    return replace(
+        plan,
+        boundaries=tuple(boundaries),
+        groups=tuple(g for g in plan.groups if set(g) <= kept),
+        decode_inserts=tuple(n for n in plan.decode_inserts if n in kept),
+        notes=tuple(notes),
+    )
+
+
+def with_long_prompts(
+    plan: ProbePlan,
+    num_speculative_tokens: int,
+    block_size: int,
+    max_model_len: int | None,
+    max_tokens: int,
+    max_requests: int,
+) -> ProbePlan:
+    """``plan`` plus the seed's long prompts, where the server and budget allow them.
+
+    Each long prompt is sent cold and warm; the two go together as one pair, and
+    the first is inserted into the ongoing decode. They have no controls: a long
+    prompt one token off would cost as much again.
+    """
+    longs = long_boundaries(num_speculative_tokens, block_size)
+    lengths = ", ".join(f"{b.length:,}" for b in longs)
+    if max_model_len is None:
+        note = f"long prompts ({lengths}) skipped: the server states no max_model_len"
+        return replace(plan, notes=(*plan.notes, note))
+    fitting = [b for b in longs if b.length <= max_model_len - max_tokens]
+    if len(fitting) < len(longs):
+        note = (
+            f"long prompts ({lengths}) skipped: they do not fit max_model_len "
+            f"{max_model_len} with {max_tokens} new tokens"
+        )
+        return replace(plan, notes=(*plan.notes, note))
+    extended = replace(
+        plan,
+        boundaries=(*plan.boundaries, *fitting),
+        groups=(*plan.groups, tuple(b.length for b in fitting)),
+        decode_inserts=(*plan.decode_inserts, fitting[0].length),
+        notes=(
+            *plan.notes,
+            f"long prompts {lengths} included; cold, each can take minutes: "
+            f"raise --timeout if they time out",
+        ),
+    )
+    if extended.request_count > max_requests:
+        note = (
+            f"long prompts ({lengths}) skipped: with them the plan needs "
+            f"{extended.request_count} requests, more than --max-requests "
+            f"{max_requests}"
+        )
+        return replace(plan, notes=(*plan.notes, note))
+    return extended
+
+
+def build_prompt(
+    instruction_ids: Sequence[int], filler_id: int, length: int
+) -> list[int]:
+    """A prompt of exactly ``length`` ids: the instruction padded with filler.
+
+    The filler goes in front of the instruction's last few ids, so the prompt
+    still ends with the assistant turn. A length shorter than the instruction
+    keeps the instruction's tail.
+    """
+    if length < 1:
+        raise ValueError(f"a prompt needs at least one token, not {length}")
+    if length <= len(instruction_ids):
+        return list(instruction_ids[len(instruction_ids) - length :])
+    split = len(instruction_ids) - min(INSTRUCTION_TAIL_TOKENS, len(instruction_ids))
+    padding = [filler_id] * (length - len(instruction_ids))
+    return [*instruction_ids[:split], *padding, *instruction_ids[split:]]

@@ -1,0 +1,429 @@
+"""One probe of one server: discovery, the planned requests, the checks.
+
+Prompts: the user message "Probe <salt>. Reply with OK." through the chat template
+(or as plain text when the model has none), padded with a filler token in front of
+its last four ids to an exact length; a shorter length keeps the instruction's
+tail. The random salt keeps an earlier probe's prefix cache out of the "cold" run.
+
+Vocabulary size: the settings' ``vocab_size`` wins. Otherwise the probe sends one
+completion whose ``logit_bias`` names token id 2**31-1; vLLM (0.8.5 and later)
+rejects it with HTTP 400 and a message that states the model's vocabulary size,
+which is the width of the logits and therefore the bound on sampled ids. When the
+server accepts the request or does not state a size, the ``vocab`` check is
+skipped and the report says so; ``controls`` still compares the boundary with its
+controls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vllm_graphsafe.probe.answers import (
+    ServedModel,
+    choose_model,
+    first_choice,
+    token_ids_of,
+    vocab_size_from_message,
+)
+from vllm_graphsafe.probe.checks import (
+    CHECK_NAMES,
+    CheckResult,
+    Completion,
+    Sample,
+    check_cold_warm,
+    check_concurrent,
+    check_controls,
+    check_ongoing_decode,
+    check_repetition,
+    check_vocab,
+)
+from vllm_graphsafe.probe.client import ServerClient
+from vllm_graphsafe.probe.errors import (
+    EXIT_BAD_ARGUMENT,
+    EXIT_BAD_RESPONSE,
+    EXIT_NO_TOKENIZE,
+    HttpStatusError,
+    ProbeError,
+)
+from vllm_graphsafe.probe.plan import (
+    ProbePlan,
+    build_prompt,
+    fit_plan,
+    with_long_prompts,
+)
+from vllm_graphsafe.probe.settings import ProbeSettings
+
+INSTRUCTION = "Reply with OK."
+DECODE_PROMPT = "1 2 3 4 5 6 7 8 9 10"
+# Far beyond any real vocabulary, so the server must reject it and name the size.
+VOCAB_PROBE_TOKEN_ID = 2**31 - 1
+
+
+@dataclass
+class ProbeState:
+    """Everything learnt so far; the report is written from it even after an error."""
+
+    settings: ProbeSettings
+    base_url: str
+    plan: ProbePlan
+    salt: str
+    model: ServedModel | None = None
+    vocab_size: int | None = None
+    vocab_size_source: str = "unknown"
+    instruction_source: str = ""
+    decode_prompt_tokens: int | None = None
+    samples: list[Sample] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+
+
+class ProbeSession:
+    def __init__(self, client: ServerClient, state: ProbeState) -> None:
+        self.client = client
+        self.state = state
+        self.settings = state.settings
+        self.prompts: dict[int, list[int]] = {}
+        self.decode_tokens = state.settings.decode_tokens
+        self._samples_lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        assert self.state.model is not None
+        return self.state.model.model_id
+
+    # discovery
+
+    def discover(self) -> None:
+        self.state.model = self._served_model()
+        instruction_ids = self._tokenize_instruction()
+        filler_id = self._filler_id()
+        if self.settings.vocab_size is not None:
+            self.state.vocab_size = self.settings.vocab_size
+            self.state.vocab_size_source = "--vocab-size"
+        else:
+            self.state.vocab_size = self._discover_vocab_size(filler_id)
+            if self.state.vocab_size is not None:
+                self.state.vocab_size_source = "server (logit_bias validation)"
+        self.state.plan = self._fitted_plan(self.state.model.max_model_len)
+        self.client.progress.set_total(self.state.plan.request_count)
+        notes = list(self.state.plan.notes)
+        max_model_len = self.state.model.max_model_len
+        # Room for the counting prompt, which is a few tokens in any tokenizer.
+        if max_model_len is not None and self.decode_tokens > max_model_len - 64:
+            self.decode_tokens = max(max_model_len - 64, 1)
+            notes.append(f"long decode shortened to {self.decode_tokens} tokens")
+        for length in self.state.plan.solo_lengths:
+            self.prompts[length] = build_prompt(instruction_ids, filler_id, length)
+            if length < len(instruction_ids):
+                notes.append(
+                    f"length {length} is shorter than the {len(instruction_ids)}-token "
+                    f"instruction, so it keeps the instruction's last {length} ids"
+                )
+        self.state.plan = replace(self.state.plan, notes=tuple(notes))
+
+    def _served_model(self) -> ServedModel:
+        """The model to probe; anything but vLLM's model list is not a vLLM server."""
+
+        def not_vllm(why: str) -> ProbeError:
+            return ProbeError(
+                EXIT_BAD_RESPONSE,
+                f"The server at {self.client.base_url} is not a vLLM server: {why}.",
+            )
+
+        try:
+            listing = self.client.get_json("/v1/models")
+        except HttpStatusError as error:
+            if 400 <= error.status < 500:
+                answer = f" with {error.detail}" if error.detail else ""
+                raise not_vllm(
+                    f"GET /v1/models answered HTTP {error.status}{answer}"
+                ) from None
+            raise
+        except ProbeError as error:
+            if error.exit_status == EXIT_BAD_RESPONSE:
+                raise not_vllm(
+                    "GET /v1/models answered with something not JSON"
+                ) from None
+            raise
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(entries, list):
+            raise not_vllm("GET /v1/models answered without a list of models")
+        return choose_model(listing, self.settings.model)
+
+    def _fitted_plan(self, max_model_len: int | None) -> ProbePlan:
+        settings = self.settings
+        plan = fit_plan(self.state.plan, max_model_len, settings.max_tokens)
+        if not plan.boundaries:
+            raise ProbeError(
+                EXIT_BAD_ARGUMENT,
+                f"No boundary length fits max_model_len {max_model_len} "
+                f"of the served model.",
+            )
+        if not settings.long_prompts:
+            note = "long prompts skipped: --no-long-prompts"
+            return replace(plan, notes=(*plan.notes, note))
+        return with_long_prompts(
+            plan,
+            settings.num_speculative_tokens,
+            settings.block_size,
+            max_model_len,
+            settings.max_tokens,
+            settings.max_requests,
+        )
+
+    def _tokenize(self, payload: Mapping[str, Any]) -> list[int]:
+        try:
+            answer = self.client.post_json(
+                "/tokenize", {"model": self.model_id, **payload}
+            )
+        except HttpStatusError as error:
+            if error.status == 404 and "model" not in error.detail.lower():
+                raise ProbeError(
+                    EXIT_NO_TOKENIZE,
+                    f"The server at {self.client.base_url} has no /tokenize endpoint "
+                    f"(HTTP 404), which the probe needs to build exact-length prompts.",
+                ) from None
+            raise
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ProbeError(
+                EXIT_BAD_RESPONSE, "The server's /tokenize answer has no token list."
+            )
+        return list(tokens)
+
+    def _tokenize_instruction(self) -> list[int]:
+        content = f"Probe {self.state.salt}. {INSTRUCTION}"
+        try:
+            ids = self._tokenize(
+                {
+                    "messages": [{"role": "user", "content": content}],
+                    "add_generation_prompt": True,
+                }
+            )
+            self.state.instruction_source = "chat template"
+        except HttpStatusError as error:
+            if error.status not in (400, 422):
+                raise
+            # No chat template: the plain text with the tokenizer's special tokens.
+            ids = self._tokenize({"prompt": content, "add_special_tokens": True})
+            self.state.instruction_source = "plain prompt (no chat template)"
+        if not ids:
+            raise ProbeError(
+                EXIT_BAD_RESPONSE, "The server tokenized the instruction to no tokens."
+            )
+        return ids
+
+    def _filler_id(self) -> int:
+        ids = self._tokenize({"prompt": " ", "add_special_tokens": False})
+        if not ids:
+            raise ProbeError(
+                EXIT_BAD_RESPONSE, "The server tokenized a single space to no tokens."
+            )
+        return ids[-1]
+
+    def _discover_vocab_size(self, filler_id: int) -> int | None:
+        payload = {
+            "model": self.model_id,
+            "prompt": [filler_id],
+            "max_tokens": 1,
+            "temperature": 0,
+            "logit_bias": {str(VOCAB_PROBE_TOKEN_ID): 0.0},
+        }
+        try:
+            self.client.post_json("/v1/completions", payload)
+        except HttpStatusError as error:
+            if error.status in (400, 422):
+                return vocab_size_from_message(error.detail)
+            raise
+        return None
+
+    # completions
+
+    def _completion_payload(
+        self, prompt: list[int] | str, max_tokens: int, stream: bool
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model_id,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+            # The long decode must last; greedy output stays deterministic anyway.
+            payload["ignore_eos"] = True
+        return payload
+
+    def complete(self, length: int, phase: str) -> Completion:
+        payload = self._completion_payload(
+            self.prompts[length], self.settings.max_tokens, stream=False
+        )
+        choice = first_choice(
+            self.client.post_json("/v1/completions", payload), "/v1/completions"
+        )
+        text = str(choice.get("text") or "")
+        ids = token_ids_of(choice)
+        if ids is None:
+            ids = self._tokenize({"prompt": text, "add_special_tokens": False})
+        output = Completion(tuple(ids), text, choice.get("finish_reason"))
+        self._record(Sample(length, phase, output))
+        return output
+
+    def stream_decode(
+        self, phase: str, on_first_token: Callable[[], None] | None = None
+    ) -> Completion:
+        payload = self._completion_payload(
+            DECODE_PROMPT, self.decode_tokens, stream=True
+        )
+        pieces: list[str] = []
+        ids: list[int] = []
+        ids_complete = True
+        finish_reason = None
+        for event in self.client.post_stream("/v1/completions", payload):
+            if not isinstance(event, dict):
+                continue
+            usage = event.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                self.state.decode_prompt_tokens = usage["prompt_tokens"]
+            choices = event.get("choices")
+            if not isinstance(choices, list) or not choices:
+                continue
+            choice = choices[0]
+            if not isinstance(choice, dict):
+                continue
+            text = str(choice.get("text") or "")
+            chunk_ids = token_ids_of(choice)
+            if chunk_ids is None:
+                ids_complete = ids_complete and not text
+            else:
+                ids.extend(chunk_ids)
+            pieces.append(text)
+            finish_reason = choice.get("finish_reason") or finish_reason
+            if (text or chunk_ids) and on_first_token is not None:
+                on_first_token()
+                on_first_token = None
+        text = "".join(pieces)
+        if not ids_complete:
+            ids = self._tokenize({"prompt": text, "add_special_tokens": False})
+        output = Completion(tuple(ids), text, finish_reason)
+        length = self.state.decode_prompt_tokens or 0
+        self._record(Sample(length, phase, output, prompt="counting prompt"))
+        return output
+
+    def _record(self, sample: Sample) -> None:
+        with self._samples_lock:
+            self.state.samples.append(sample)
+
+    # phases
+
+    def run_solo(self) -> dict[int, tuple[Completion, Completion]]:
+        lengths = self.state.plan.solo_lengths
+        cold = {length: self.complete(length, "cold") for length in lengths}
+        warm = {length: self.complete(length, "warm") for length in lengths}
+        return {length: (cold[length], warm[length]) for length in lengths}
+
+    def run_together(self, group: tuple[int, ...]) -> list[Completion]:
+        start_line = threading.Barrier(len(group))
+
+        def send(length: int) -> Completion:
+            # A late thread only makes the group less simultaneous; send anyway.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                start_line.wait(timeout=self.settings.timeout)
+            return self.complete(length, f"together {'+'.join(map(str, group))}")
+
+        with ThreadPoolExecutor(max_workers=len(group)) as pool:
+            futures = [pool.submit(send, length) for length in group]
+            return [future.result() for future in futures]
+
+    def run_decode_with_inserts(
+        self,
+    ) -> tuple[Completion, list[tuple[int, Completion, bool]]]:
+        decoding = threading.Event()
+        inserts: list[tuple[int, Completion, bool]] = []
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future: Future[Completion] = pool.submit(
+                self.stream_decode, "decode with inserts", decoding.set
+            )
+            while not decoding.wait(0.005) and not future.done():
+                pass
+            if future.done() and future.exception() is not None:
+                future.result()  # the stream failed before it began; raise its error
+            for length in self.state.plan.decode_inserts:
+                overlapped = not future.done()
+                inserts.append((length, self.complete(length, "inserted"), overlapped))
+            return future.result(), inserts
+
+    def execute(self) -> list[CheckResult]:
+        self.discover()
+        plan = self.state.plan
+        solo = self.run_solo()
+        cold = {length: outputs[0] for length, outputs in solo.items()}
+        checks: list[CheckResult] = []
+        for group in plan.groups:
+            outputs = self.run_together(group)
+            checks.append(check_concurrent(group, outputs, cold, "sent together"))
+        decode_solo = self.stream_decode("decode solo")
+        decode_perturbed, inserts = self.run_decode_with_inserts()
+        overlapped = 0
+        for length, output, did_overlap in inserts:
+            overlapped += did_overlap
+            checks.append(
+                check_concurrent((length,), [output], cold, "inserted during decode")
+            )
+        decode_lengths = (
+            (self.state.decode_prompt_tokens,)
+            if self.state.decode_prompt_tokens
+            else ()
+        )
+        checks.append(
+            check_ongoing_decode(
+                decode_lengths, decode_solo, decode_perturbed, overlapped
+            )
+        )
+        checks += solo_checks(plan, solo, self.state.vocab_size)
+        checks += vocab_checks(self.state.samples, self.state.vocab_size)
+        return sorted(checks, key=lambda check: CHECK_NAMES.index(check.name))
+
+
+def solo_checks(
+    plan: ProbePlan,
+    solo: Mapping[int, tuple[Completion, Completion]],
+    vocab_size: int | None,
+) -> list[CheckResult]:
+    """cold_warm for every length; repetition and controls for every boundary.
+
+    A long prompt has no controls of its own; it is compared with all the others.
+    """
+    results = [check_cold_warm(n, *solo[n]) for n in plan.solo_lengths]
+    every_control = {n: solo[n] for b in plan.boundaries for n in b.controls}
+    for boundary in plan.boundaries:
+        outputs = solo[boundary.length]
+        controls = (
+            every_control if boundary.long else {n: solo[n] for n in boundary.controls}
+        )
+        results.append(check_repetition(boundary.length, outputs, controls))
+        results.append(check_controls(boundary.length, outputs, controls, vocab_size))
+    return results
+
+
+def vocab_checks(
+    samples: Sequence[Sample], vocab_size: int | None
+) -> list[CheckResult]:
+    by_prompt: dict[tuple[str, int], list[Sample]] = {}
+    for sample in samples:
+        by_prompt.setdefault((sample.prompt, sample.length), []).append(sample)
+    return [
+        check_vocab(
+            (length,) if length else (),
+            by_prompt[prompt, length],
+            vocab_size,
+            subject="" if prompt == Sample.prompt else f"{prompt}: ",
+        )
+        for prompt, length in sorted(by_prompt, key=lambda key: (key[1], key[0]))
+    ]

@@ -1,0 +1,215 @@
+"""Reading vLLM's code by its parsed form: definitions, calls, and fix markers.
+
+Everything here works on :mod:`ast` trees of module source text, never on
+substrings, so a name in a comment, a string or a log message means nothing.
+The ``*_marker`` functions recognise an upstream fix by the code that
+implements it (the shape each patch's ``native_reason`` looks for).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def parse(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    return None
+
+
+def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
+    """The ``def`` of ``qualname`` (``Class.method`` or a module-level name)."""
+    *owners, leaf = qualname.split(".")
+    body: list[ast.stmt] = tree.body
+    for owner in owners:
+        found = next(
+            (n for n in body if isinstance(n, ast.ClassDef) and n.name == owner), None
+        )
+        if found is None:
+            return None
+        body = found.body
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+            node.name == leaf
+        ):
+            return node
+    return None
+
+
+def module_binds(tree: ast.Module, name: str) -> bool:
+    """Whether the module binds ``name`` at top level (def, class, import, assign)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if bound == name:
+                    return True
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+    return False
+
+
+def parameter_names(function: FunctionNode) -> list[str]:
+    arguments = function.args
+    return [
+        argument.arg
+        for argument in (
+            *arguments.posonlyargs,
+            *arguments.args,
+            *arguments.kwonlyargs,
+        )
+    ]
+
+
+def called_name(call: ast.Call) -> str | None:
+    """``f`` for ``f(...)`` and ``x.y.f(...)``."""
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    return None
+
+
+def calls(function: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(function) if isinstance(node, ast.Call))
+
+
+def calls_name(function: ast.AST, name: str) -> bool:
+    return any(called_name(call) == name for call in calls(function))
+
+
+def self_methods_called(function: FunctionNode) -> list[str]:
+    """Names of ``self.<method>(...)`` calls in ``function``, in order, once each."""
+    names: list[str] = []
+    for call in calls(function):
+        target = call.func
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+            and target.attr not in names
+        ):
+            names.append(target.attr)
+    return names
+
+
+def referenced_names(node: ast.AST) -> set[str]:
+    """Every ``Name`` id and ``Attribute`` attr inside ``node``."""
+    names: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            names.add(child.id)
+        elif isinstance(child, ast.Attribute):
+            names.add(child.attr)
+    return names
+
+
+def class_sets_attribute(cls: ast.ClassDef, attribute: str) -> bool:
+    """Whether instances of ``cls`` get ``attribute`` from its own code.
+
+    A class-level field (dataclass / NamedTuple), a method or property of
+    that name, or an assignment to ``self.<attribute>`` in any method.
+    """
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id == attribute:
+                return True
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == attribute for t in node.targets):
+                return True
+        elif (
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name == attribute
+        ):
+            return True
+    for child in ast.walk(cls):
+        targets: list[ast.expr] = []
+        if isinstance(child, ast.Assign):
+            targets = list(child.targets)
+        elif isinstance(child, ast.AnnAssign | ast.AugAssign):
+            targets = [child.target]
+        for target in _flatten(targets):
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr == attribute
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                return True
+    return False
+
+
+def _flatten(targets: Iterable[ast.expr]) -> Iterator[ast.expr]:
+    for target in targets:
+        if isinstance(target, ast.Tuple | ast.List):
+            yield from _flatten(target.elts)
+        else:
+            yield target
+
+
+# -- markers of the upstream fixes ------------------------------------------------
+
+
+def compares_names(function: ast.AST, left: set[str], right: set[str]) -> bool:
+    """An ``ast.Compare`` with a name of ``left`` on one side, ``right`` on another."""
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [referenced_names(o) for o in (node.left, *node.comparators)]
+        for index, names in enumerate(operands):
+            others = operands[:index] + operands[index + 1 :]
+            if names & left and any(other & right for other in others):
+                return True
+    return False
+
+
+def _chain_names(node: ast.expr) -> set[str]:
+    """Names along ``a.b.c`` (through subscripts and calls of the chain)."""
+    names: set[str] = set()
+    while True:
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+            return names
+        else:
+            return names
+
+
+def stores_into_subscript_of(function: ast.AST, name: str) -> bool:
+    """Assigns to ``...name...[i]`` or calls ``...name...[i].copy_(...)``."""
+    for node in ast.walk(function):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(_flatten(node.targets))
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "copy_"
+        ):
+            targets = [node.func.value]
+        for target in targets:
+            if isinstance(target, ast.Subscript) and name in _chain_names(target.value):
+                return True
+    return False

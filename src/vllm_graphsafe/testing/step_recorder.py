@@ -1,0 +1,174 @@
+"""Record, in every vLLM worker, how each step reached the CUDA graph dispatcher.
+
+Load it as vLLM's worker extension (``--worker-extension-cls``, see
+:data:`WORKER_EXTENSION`): importing this module in a worker wraps three
+functions of the V1 runner's module, and each worker process then writes
+``<GRAPHSAFE_TEST_STEP_DIR>/<pid>.json`` after every step. It observes vLLM
+itself, independently of the plugin, so a test can compare runs with and without
+the plugin:
+
+- the ground truth comes from the scheduler: a step holds prompt tokens when a
+  scheduled request had computed less than its whole prompt;
+- ``uniform_decode`` is what the runner handed to the dispatcher on that step;
+- ``sync`` numbers this process's calls of ``coordinate_batch_across_dp``, the
+  collective that data-parallel ranks all enter once per step (real or dummy),
+  so equal numbers on two ranks mean the same synchronised step (meaningful
+  only with data parallelism; without it the call exchanges nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+#: Where each worker writes its steps; unset means record nothing.
+STEP_DIR_ENV = "GRAPHSAFE_TEST_STEP_DIR"
+#: The value for ``--worker-extension-cls``.
+WORKER_EXTENSION = f"{__name__}.StepRecorderExtension"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+
+
+class StepRecorderExtension:
+    """Adds nothing to the worker: importing this module is what installs the
+    recorder in the worker process."""
+
+
+class _Recorder:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.process: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid()}
+        self.steps: list[dict[str, Any]] = []
+        self.current: dict[str, Any] | None = None
+        self.syncs = 0
+
+    def record_step(self, wrapped: Any, runner: Any, args: Any, kwargs: Any) -> Any:
+        scheduler_output = args[0] if args else kwargs["scheduler_output"]
+        if not scheduler_output.num_scheduled_tokens:
+            return wrapped(*args, **kwargs)
+        self._note_ranks(runner)
+        self.current = {
+            "sync": None,
+            "widths": list(scheduler_output.num_scheduled_tokens.values()),
+            "holds_prompt_tokens": _holds_prompt_tokens(runner, scheduler_output),
+            "uniform_decode": None,
+        }
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self.steps.append(self.current)
+            self.current = None
+            self._write()
+
+    def record_dispatch(
+        self, wrapped: Any, instance: Any, args: Any, kwargs: Any
+    ) -> Any:
+        if self.current is not None and self.current["uniform_decode"] is None:
+            self.current["uniform_decode"] = bool(kwargs.get("uniform_decode", False))
+        return wrapped(*args, **kwargs)
+
+    def record_sync(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _coordination_skipped():
+            return wrapped(*args, **kwargs)
+        self.syncs += 1
+        if self.current is not None and self.current["sync"] is None:
+            self.current["sync"] = self.syncs
+        return wrapped(*args, **kwargs)
+
+    def _note_ranks(self, runner: Any) -> None:
+        if "dp_rank" in self.process:
+            return
+        parallel = runner.parallel_config
+        self.process["dp_rank"] = int(parallel.data_parallel_rank)
+        self.process["dp_size"] = int(parallel.data_parallel_size)
+        self.process["tp_size"] = int(parallel.tensor_parallel_size)
+        try:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            self.process["tp_rank"] = int(get_tensor_model_parallel_rank())
+        except (ImportError, AssertionError):
+            self.process["tp_rank"] = None
+
+    def _write(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.directory / f"{os.getpid()}.json"
+        staging = target.with_suffix(".tmp")
+        payload = {**self.process, "syncs": self.syncs, "steps": self.steps}
+        staging.write_text(json.dumps(payload))
+        staging.replace(target)
+
+
+def _coordination_skipped() -> bool:
+    """Whether vLLM skips the collective for this call (0.32 can, 0.27 cannot);
+    a skipped call exchanges nothing, so it numbers no step."""
+    try:
+        from vllm.v1.worker.dp_utils import should_skip_dp_coordination
+    except ImportError:
+        return False
+    return bool(should_skip_dp_coordination())
+
+
+def _holds_prompt_tokens(runner: Any, scheduler_output: Any) -> bool:
+    for new in scheduler_output.scheduled_new_reqs:
+        if new.num_computed_tokens < len(new.prompt_token_ids):
+            return True
+    cached = scheduler_output.scheduled_cached_reqs
+    for req_id, computed in zip(
+        cached.req_ids, cached.num_computed_tokens, strict=True
+    ):
+        if computed < runner.requests[req_id].num_prompt_tokens:
+            return True
+    return False
+
+
+def read_step_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every worker's record (``pid``, ranks, ``steps``), in pid order."""
+    if not Path(directory).is_dir():
+        return []
+    return [
+        json.loads(path.read_text()) for path in sorted(Path(directory).glob("*.json"))
+    ]
+
+
+def has_decode_shape(step: dict[str, Any], spec_tokens: int) -> bool:
+    """Every scheduled request has ``K+1`` tokens: a uniform decode by shape."""
+    return set(step["widths"]) == {spec_tokens + 1}
+
+
+def is_boundary_prefill(step: dict[str, Any], spec_tokens: int) -> bool:
+    """A step that holds prompt tokens yet has the uniform decode shape."""
+    return bool(step["holds_prompt_tokens"]) and has_decode_shape(step, spec_tokens)
+
+
+def is_genuine_decode(step: dict[str, Any], spec_tokens: int) -> bool:
+    """A decode-shaped step whose requests had all computed their prompts."""
+    return not step["holds_prompt_tokens"] and has_decode_shape(step, spec_tokens)
+
+
+def misdispatched_prefills(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps that held prompt tokens and still reached the dispatcher as uniform."""
+    return [
+        step for step in steps if step["holds_prompt_tokens"] and step["uniform_decode"]
+    ]
+
+
+def _install(directory: Path) -> None:
+    recorder = _Recorder(directory)
+    wrapt.wrap_function_wrapper(
+        RUNNER_MODULE, "GPUModelRunner.execute_model", recorder.record_step
+    )
+    wrapt.wrap_function_wrapper(
+        "vllm.v1.cudagraph_dispatcher",
+        "CudagraphDispatcher.dispatch",
+        recorder.record_dispatch,
+    )
+    wrapt.wrap_function_wrapper(
+        RUNNER_MODULE, "coordinate_batch_across_dp", recorder.record_sync
+    )
+
+
+if os.environ.get(STEP_DIR_ENV):
+    _install(Path(os.environ[STEP_DIR_ENV]))

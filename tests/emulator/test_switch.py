@@ -1,0 +1,68 @@
+"""The emulator loads only when its variable is set, and doctor can describe it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SWITCH = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
+
+# One fresh interpreter (the plugin's start-up is the cost): the entry point
+# runs under each switch value in turn; after each, is the emulator imported,
+# and does it wait for the V1 runner's import.
+_PROBE = """
+import json, os, sys
+from vllm_graphsafe import plugin
+seen = {}
+for value in ("unset", "", "0", "no", "1"):
+    if value == "unset":
+        os.environ.pop("GRAPHSAFE_EMULATE_GRAPH_HAZARD", None)
+    else:
+        os.environ["GRAPHSAFE_EMULATE_GRAPH_HAZARD"] = value
+    plugin.register()
+    emulator = sys.modules.get("vllm_graphsafe.emulator")
+    seen[value] = [emulator is not None, bool(emulator and emulator.installed())]
+print(json.dumps(seen))
+"""
+
+
+def test_never_loaded_unless_switched_on() -> None:
+    env = {k: v for k, v in os.environ.items() if k != SWITCH}
+    env["GRAPHSAFE_DISABLE"] = "all"
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    # [imported, waiting for the runner] after each value, in this order.
+    assert seen == {
+        "unset": [False, False],
+        "": [False, False],
+        "0": [False, False],
+        "no": [False, False],
+        "1": [True, True],
+    }
+
+
+def test_describe_for_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_graphsafe import emulator
+
+    monkeypatch.delenv(SWITCH, raising=False)
+    off = emulator.describe()
+    assert off["requested"] is False
+    assert off["variable"] == SWITCH
+    assert off["summary"].startswith("off")
+
+    monkeypatch.setenv(SWITCH, "1")
+    on = emulator.describe()
+    assert on["requested"] is True
+    assert "test instrument" in on["summary"]

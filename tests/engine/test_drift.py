@@ -1,0 +1,58 @@
+"""A real engine whose input batch drifted keeps generating as unpatched vLLM does.
+
+In-process vLLM on CPU with the tiny model and ngram speculation (K=3):
+``InputBatch.num_prompt_tokens`` is made unreadable to the plugin only, as a
+release that renamed it would be. The V1 phase rule fails open on the first
+uniform step: the patch reads ``failed`` naming what it was reading, and the
+tokens equal those of the same engine with the plugin switched off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.engine
+SCRIPT = Path(__file__).with_name("drift_steps.py")
+
+
+def run(model_dir: Path, mode: str, plugin: bool) -> dict[str, Any]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    for name in ("VLLM_GRAPHSAFE_DISABLE", "GRAPHSAFE_DISABLE"):
+        env.pop(name, None)
+    if not plugin:
+        env["GRAPHSAFE_DISABLE"] = env["VLLM_GRAPHSAFE_DISABLE"] = "all"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(model_dir), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    record: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    record["log"] = result.stdout + result.stderr
+    return record
+
+
+def test_drifted_input_batch_generates_what_unpatched_vllm_does(
+    tiny_model: Path,
+) -> None:
+    drifted = run(tiny_model, "drift", plugin=True)
+    unpatched = run(tiny_model, "plain", plugin=False)
+
+    assert drifted["token_ids"] == unpatched["token_ids"]
+    assert drifted["state"] == "failed"
+    assert "num_prompt_tokens" in drifted["reason"]
+    warnings = [
+        line for line in drifted["log"].splitlines() if "failed at run time" in line
+    ]
+    assert len(warnings) == 1, warnings
+    assert "v1-phase-dispatch" in warnings[0] and "num_prompt_tokens" in warnings[0]

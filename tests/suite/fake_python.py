@@ -1,0 +1,75 @@
+"""Stands in for a venv's python under scripts/run_suite.py (a test fixture).
+
+It answers the two things run_suite.py asks of a venv's interpreter -- the
+doctor (``-m vllm_graphsafe.cli.main doctor --json``) and pytest
+(``-m pytest ... --junitxml=PATH``) -- the way ``FAKE_SCENARIO`` says:
+
+- ``good``: the doctor reports one applied patch, every ordinary run passes,
+  the negative control fails on assertions, as a healthy release does.
+- ``crash``: pytest dies of SIGABRT before writing any report.
+- ``no-junit``: pytest exits 1 and writes no report.
+- ``no-tests``: pytest collects nothing (exit 5, an empty report).
+- ``doctor-failed``: the doctor reports the patch ``failed`` (exit 1).
+- ``negative-errors``: the negative control's tests error instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+SCENARIO = os.environ["FAKE_SCENARIO"]
+TESTS = 3
+
+
+def junit(path: str, failures: int = 0, errors: int = 0, tests: int = TESTS) -> None:
+    Path(path).write_text(
+        f'<testsuites><testsuite name="pytest" tests="{tests}" '
+        f'failures="{failures}" errors="{errors}" skipped="0"/></testsuites>'
+    )
+
+
+def doctor() -> int:
+    state = "failed" if SCENARIO == "doctor-failed" else "applied"
+    report = {
+        "vllm": {"version": "0.0.0", "distribution": "vllm"},
+        "patches": [{"id": "v1-phase-dispatch", "state": state}],
+        "ok": state == "applied",
+    }
+    print(json.dumps(report))
+    return 0 if state == "applied" else 1
+
+
+def pytest(args: list[str]) -> int:
+    report = next(a.split("=", 1)[1] for a in args if a.startswith("--junitxml="))
+    negative = any(a.startswith("--negative-control") for a in args)
+    if SCENARIO == "crash":
+        os.abort()
+    if SCENARIO == "no-junit":
+        return 1
+    if SCENARIO == "no-tests":
+        junit(report, tests=0)
+        return 5
+    if negative and SCENARIO == "negative-errors":
+        junit(report, errors=TESTS)
+        return 1
+    if negative:
+        junit(report, failures=TESTS)
+        return 1
+    junit(report)
+    return 0
+
+
+def main(args: list[str]) -> int:
+    if args[:2] == ["-m", "vllm_graphsafe.cli.main"]:
+        return doctor()
+    if args[:2] == ["-m", "pytest"]:
+        return pytest(args[2:])
+    print(f"fake python: unexpected arguments {args}", file=sys.stderr)
+    return 99
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
