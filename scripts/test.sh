@@ -62,6 +62,11 @@ stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 
 stamp "tests"
-# The full engine suite runs on the newest CPU build; the older one runs the
-# engine tests that show each bug and its fix, to keep CI within its budget.
-python3 scripts/run_suite.py --light-engine "$VENVS/cpu-0.27.1" "${venvs[@]}"
+# The full engine suite runs on the newest CPU build, in a stream of its own;
+# the other releases (the older CPU build with the engine tests that show each
+# bug and its fix, the CUDA builds at class level) run beside it in a second
+# stream: two cores, two streams.
+ordered=("$VENVS/cpu-0.32.0")
+for venv in "${venvs[@]}"; do [[ $venv == "$VENVS/cpu-0.32.0" ]] || ordered+=("$venv"); done
+[[ " ${venvs[*]} " == *" $VENVS/cpu-0.32.0 "* ]] || ordered=("${venvs[@]}")
+python3 scripts/run_suite.py --jobs 2 --light-engine "$VENVS/cpu-0.27.1" "${ordered[@]}"

@@ -74,6 +74,11 @@ def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> N
     assert "graphsafe_dispatch_decisions_total{" in output
     assert "alert: GraphsafePatchFailed" in output
     assert "server stopped" in output
+    # The emulated bug: garbage without the plugin, clean with it, said plainly.
+    assert "the corruption below is emulated" in output.lower()
+    verdicts = [line.strip() for line in output.splitlines() if "GARBAGE" in line]
+    assert verdicts, output[-2000:]
+    assert "second server stopped" in output
     assert ours(temp_dir) == []
 
 

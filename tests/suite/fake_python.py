@@ -1,8 +1,9 @@
 """Stands in for a venv's python under scripts/run_suite.py (a test fixture).
 
-It answers the two things run_suite.py asks of a venv's interpreter -- the
-doctor (``-m vllm_graphsafe.cli.main doctor --json``) and pytest
-(``-m pytest ... --junitxml=PATH``) -- the way ``FAKE_SCENARIO`` says:
+It answers the three things run_suite.py asks of a venv's interpreter -- the
+doctor (``-m vllm_graphsafe.cli.main doctor --json``), pytest
+(``-m pytest ... --junitxml=PATH``) and the backport check
+(``scripts/verify_backport.py VENV``) -- the way ``FAKE_SCENARIO`` says:
 
 - ``good``: the doctor reports one applied patch, every ordinary run passes,
   the negative control fails on assertions, as a healthy release does.
@@ -11,6 +12,7 @@ doctor (``-m vllm_graphsafe.cli.main doctor --json``) and pytest
 - ``no-tests``: pytest collects nothing (exit 5, an empty report).
 - ``doctor-failed``: the doctor reports the patch ``failed`` (exit 1).
 - ``negative-errors``: the negative control's tests error instead of failing.
+- ``backport-failed``: the backport check exits 1.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def main(args: list[str]) -> int:
         return doctor()
     if args[:2] == ["-m", "pytest"]:
         return pytest(args[2:])
+    if args and args[0].endswith("verify_backport.py"):
+        return 1 if SCENARIO == "backport-failed" else 0
     print(f"fake python: unexpected arguments {args}", file=sys.stderr)
     return 99
 

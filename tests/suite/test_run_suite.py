@@ -125,3 +125,37 @@ def test_every_broken_run_is_named_once_per_stage(
 
     stages = [line.split(":")[1].strip() for line in failures(result.stdout)]
     assert stages[:2] == ["fake-venv logic", "fake-venv classes"]
+
+
+def test_a_failed_backport_check_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "backport-failed")
+
+    assert result.returncode == EXIT_FAILED
+    assert failures(result.stdout) == [
+        "FAILED: fake-venv backport: verify_backport.py exited 1"
+    ]
+
+
+def test_two_streams_add_up_and_keep_each_failure(tmp_path: Path) -> None:
+    good = fake_venv(tmp_path / "good")
+    second = fake_venv(tmp_path / "second")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_suite.py"),
+            "--no-engine",
+            "--jobs=2",
+            str(good),
+            str(second),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_SCENARIO": "good"},
+        check=False,
+    )
+
+    assert result.returncode == EXIT_OK, result.stdout
+    # logic (first venv of the second stream) + classes twice, 3 tests each.
+    assert "total: 9 passed, 0 failed, 0 skipped" in result.stdout
+    assert result.stdout.count("##### fake-venv #####") == 2
+    assert result.stdout.count("\ntotal: ") == 1

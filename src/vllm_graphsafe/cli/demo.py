@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
+from vllm_graphsafe.settings import DISABLE_ENV, EMULATE_ENV, STATS_DIR_ENV
 
 if TYPE_CHECKING:
     from vllm_graphsafe.testing.server import LocalServer
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 EXIT_SERVER_FAILED = 3
 EXIT_NO_VLLM = 11
 EXIT_PORT_IN_USE = 12
+EXIT_HAZARD_NOT_SHOWN = 13
 EXIT_INTERRUPTED = 130
 
 EPILOG = f"""\
@@ -39,6 +40,7 @@ exit status:
   {EXIT_SERVER_FAILED}      the server did not become healthy
   {EXIT_NO_VLLM}     vLLM is not installed in this Python environment
   {EXIT_PORT_IN_USE}     --port is in use
+  {EXIT_HAZARD_NOT_SHOWN}     the emulated bug did not show as garbage, then clean
   128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
 """
 
@@ -90,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--without-plugin",
         action="store_true",
         help="start the server with the plugin disabled, to compare",
+    )
+    parser.add_argument(
+        "--no-hazard",
+        action="store_true",
+        help="skip the before/after of the emulated bug (it starts a second server "
+        "with the plugin disabled)",
     )
     parser.add_argument("--json", default=None, help="also write the probe report here")
 
@@ -220,6 +228,10 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     }
     if args.without_plugin:
         overrides[DISABLE_ENV] = "all"
+    elif not args.no_hazard:
+        # With the plugin enabled the emulator never fires; it is on so that the
+        # before/after below compares two servers that differ only by the plugin.
+        overrides[EMULATE_ENV] = "1"
     section("starting vLLM (about a minute on a small CPU)")
     server = start_server(
         model_dir,
@@ -237,10 +249,61 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             print(error, file=sys.stderr)
             return EXIT_SERVER_FAILED
         print(f"healthy at {server.base_url} after {time.monotonic() - started:.0f} s")
-        return _show(args, server, stats_dir)
+        status = _show(args, server, stats_dir)
+        if args.without_plugin or args.no_hazard:
+            return status
+        return _show_hazard(args, server, overrides, cache_dir) or status
     finally:
         server.stop()
         print("server stopped", flush=True)
+
+
+def _show_hazard(
+    args: argparse.Namespace,
+    after: LocalServer,
+    overrides: dict[str, str],
+    cache_dir: Path,
+) -> int:
+    """The same boundary prompt on an emulating server without and with the plugin."""
+    from vllm_graphsafe.emulator.demo import DemoError, show
+    from vllm_graphsafe.testing.engine import BLOCK_SIZE
+    from vllm_graphsafe.testing.server import (
+        ServerStartError,
+        server_environment,
+        start_server,
+    )
+
+    section("the bug made visible (graph-hazard emulator; --no-hazard skips it)")
+    print("starting a second server with the plugin disabled ...", flush=True)
+    started = time.monotonic()
+    before_env = {**overrides, DISABLE_ENV: "all", EMULATE_ENV: "1"}
+    before_env.pop(STATS_DIR_ENV, None)
+    before = start_server(
+        Path(after.model),
+        env=server_environment(before_env),
+        log_path=cache_dir / "demo-server-without-plugin.log",
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+    try:
+        try:
+            wait_until_healthy(before, args.startup_timeout, started)
+        except ServerStartError as error:
+            print(error, file=sys.stderr)
+            return EXIT_SERVER_FAILED
+        try:
+            shown = show(
+                before.base_url,
+                after.base_url,
+                block_size=BLOCK_SIZE,
+                num_speculative_tokens=args.num_speculative_tokens,
+            )
+        except DemoError as error:
+            print(error, file=sys.stderr)
+            return EXIT_HAZARD_NOT_SHOWN
+    finally:
+        before.stop()
+        print("second server stopped", flush=True)
+    return 0 if shown else EXIT_HAZARD_NOT_SHOWN
 
 
 def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int:
