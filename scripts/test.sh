@@ -58,6 +58,25 @@ if [[ ! -x "$VENVS/tools/bin/pre-commit" ]]; then
 fi
 "$VENVS/tools/bin/pre-commit" run --all-files --show-diff-on-failure
 
+stamp "wheel (built from a copy of the commit, so that no build/ lands in the tree)"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$scratch/src"
+git archive HEAD | tar -x -C "$scratch/src"
+"$VENVS/tools/bin/python" -m pip wheel -q --no-deps -w "$scratch/dist" "$scratch/src" 2>&1 | grep -v "^WARNING: Location" || true
+"$VENVS/tools/bin/python" - "$scratch"/dist/vllm_graphsafe-*.whl <<'PY'
+import sys
+import zipfile
+
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+needed = {"vllm_graphsafe/py.typed", "vllm_graphsafe/data/releases.json"}
+entry_points = [n for n in names if n.endswith("entry_points.txt")]
+missing = sorted(needed - names) + ([] if entry_points else ["entry_points.txt"])
+if missing:
+    sys.exit(f"test.sh: the wheel {sys.argv[1]} lacks {', '.join(missing)}")
+print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files, data and entry points in")
+PY
+
 stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 

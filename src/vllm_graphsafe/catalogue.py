@@ -72,6 +72,23 @@ def what_ci_runs(row: ReleaseRow) -> str:
     return "class-level tests, negative controls, engine tests"
 
 
+def what_the_sweep_ran(row: ReleaseRow) -> str:
+    if not row.raw.get("installed", True):
+        return f"not installed: {row.raw.get('why_not', '')}"
+    parts = [
+        f"{label}: {row.raw[key]}"
+        for label, key in (
+            ("class tests", "class_tests"),
+            ("negative controls", "negative_controls"),
+            ("engine", "engine"),
+        )
+        if row.raw.get(key)
+    ]
+    if row.raw.get("why_not"):
+        parts.append(f"build: {row.raw['why_not']}")
+    return "; ".join(parts)
+
+
 def _release_label(row: ReleaseRow) -> str:
     build = " (CUDA build)" if row.distribution == "vllm" else ""
     return f"`{row.distribution}` {row.version}{build}"
@@ -81,22 +98,26 @@ def render_support_markdown(
     patches: Sequence[Patch] | None = None,
     rows: Sequence[ReleaseRow] | None = None,
 ) -> str:
+    """One row per release in the release table: CI's rows are re-verified on
+    every CI run (the backport too); the others say what the sweep ran, when."""
     patches = _patches() if patches is None else patches
-    rows = [row for row in release_table() if row.ci] if rows is None else rows
+    rows = list(release_table()) if rows is None else rows
     ids = [patch.id for patch in patches]
     lines = [
-        "| vLLM release | what CI runs | " + " | ".join(ids) + " |",
-        "|---|---|" + "---|" * len(ids),
+        "| vLLM release | verified | what ran | " + " | ".join(ids) + " | backport |",
+        "|---|---|---|" + "---|" * len(ids) + "---|",
     ]
     for row in rows:
         states = [row.patches.get(patch_id, "not recorded") for patch_id in ids]
-        lines.append(
-            "| "
-            + " | ".join(
-                _cell(c) for c in (_release_label(row), what_ci_runs(row), *states)
-            )
-            + " |"
-        )
+        if row.ci:
+            verified, ran = "every CI run", what_ci_runs(row)
+            backport = "verified (every CI run)"
+        else:
+            verified = f"release sweep {row.raw.get('date', '')}".strip()
+            ran = what_the_sweep_ran(row)
+            backport = str(row.raw.get("backport", "not run"))
+        cells = (_release_label(row), verified, ran, *states, backport)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
