@@ -52,9 +52,11 @@ for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; 
 stamp "installed: ${venvs[*]}"
 
 stamp "pre-commit"
-if [[ ! -x "$VENVS/tools/bin/pre-commit" ]]; then
-    python3.11 -m venv "$VENVS/tools"
-    "$VENVS/tools/bin/pip" install -q --progress-bar off pre-commit 2>&1 | grep -v "^WARNING: Location" || true
+# The tools venv: pre-commit, and the ruff that verify_backport.py runs with
+# vLLM's rule set over the edited files.
+if [[ ! -x "$VENVS/tools/bin/pre-commit" || ! -x "$VENVS/tools/bin/ruff" ]]; then
+    [[ -x "$VENVS/tools/bin/pip" ]] || python3.11 -m venv "$VENVS/tools"
+    "$VENVS/tools/bin/pip" install -q --progress-bar off pre-commit ruff==0.17.6 2>&1 | grep -v "^WARNING: Location" || true
 fi
 "$VENVS/tools/bin/pre-commit" run --all-files --show-diff-on-failure
 

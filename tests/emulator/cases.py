@@ -29,6 +29,9 @@ B = BLOCK_SIZE
 CHUNK = 320
 MAX_TOKENS = 16
 DECODE_TOKENS = 384
+#: A loaded host can finish the decode before the inserts are answered (seen
+#: once beside a second test stream): the case is then run again, this often.
+DECODE_ATTEMPTS = 3
 #: Tokens of the long decode seen before the dangerous prompts are inserted.
 DECODE_HEAD_TOKENS = 24
 FIRST_ORDINARY_ID = 10
@@ -151,6 +154,21 @@ def _ongoing_decode(client: Client) -> Answers:
     warm_insert = prompt(B + STEP, 701)
     client.complete(warm_insert, max_tokens=1)  # its prefix is cached
     inserts = {"insert_fresh": prompt(STEP, 700), "insert_warm": warm_insert}
+    for _ in range(DECODE_ATTEMPTS):
+        answers = _decode_with_inserts(client, inserts)
+        if answers is not None:
+            return answers
+    raise AssertionError(
+        f"in {DECODE_ATTEMPTS} attempts the long decode ended before the inserted "
+        "prompts were answered: nothing was inserted into an ongoing decode "
+        "(raise DECODE_TOKENS)"
+    )
+
+
+def _decode_with_inserts(
+    client: Client, inserts: dict[str, list[int]]
+) -> Answers | None:
+    """The decode and the inserts' answers; None when the decode ended first."""
     head_seen = threading.Event()
 
     def on_tokens(count: int) -> None:
@@ -167,10 +185,8 @@ def _ongoing_decode(client: Client) -> Answers:
         for slot, ids in inserts.items():
             answers[slot] = client.complete(ids)
         if decode.done():
-            raise AssertionError(
-                "the long decode ended before the inserted prompts were answered: "
-                "nothing was inserted into an ongoing decode (raise DECODE_TOKENS)"
-            )
+            decode.result()
+            return None
         answers["decode"] = decode.result()
     return answers
 
