@@ -26,15 +26,15 @@ from typing import Any
 
 import httpx
 
-from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
-from vllm_graphsafe.stats import read_stats_dir
-from vllm_graphsafe.testing.server import (
+from vllm_graphsafe.local_engine.launcher import (
     LocalServer,
     ServerStartError,
     server_environment,
     start_server,
 )
-from vllm_graphsafe.testing.tiny_model import build_tiny_model
+from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
+from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
+from vllm_graphsafe.stats import read_stats_dir
 
 NUM_SPECULATIVE_TOKENS = 3
 #: Prompt lengths in tokens: many of 4 tokens (1 + K: a decode's shape), a few

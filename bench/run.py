@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
     sys.path.append(str(REPO))
 
 from bench import end_to_end, plot, report  # noqa: E402
-from vllm_graphsafe.testing.engine import CPU_ENV  # noqa: E402
+from vllm_graphsafe.local_engine.cpu_config import CPU_ENV  # noqa: E402
 
 REFERENCE_ENV = "VLLM_GRAPHSAFE_BENCH_REFERENCE_PYTHON"
 DEFAULT_REFERENCE = REPO / ".venvs" / "cpu-0.32.0" / "bin" / "python"

@@ -58,7 +58,7 @@ def tree_copy(
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vllm_graphsafe.testing.tiny_model import build_tiny_model
+    from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 
     cache = os.environ.get("VLLM_GRAPHSAFE_CACHE") or tmp_path_factory.mktemp("models")
     return build_tiny_model(cache, seed=0)

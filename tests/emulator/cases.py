@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from vllm_graphsafe.testing.engine import BLOCK_SIZE
+from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 
 K = 3
 STEP = K + 1

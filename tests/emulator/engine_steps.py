@@ -32,7 +32,7 @@ def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_graphsafe.testing.engine import engine_kwargs
+    from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     steps: list[dict[str, Any]] = []
     current: dict[str, Any] = {}

@@ -55,7 +55,7 @@ def main(model_dir: str, mode: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_graphsafe.testing.engine import engine_kwargs
+    from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     if mode == "drift":
         hide_prompt_lengths_from_the_plugin()

@@ -34,7 +34,7 @@ def find_runner(llm: Any) -> Any:
 def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
 
-    from vllm_graphsafe.testing.engine import engine_kwargs
+    from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     llm = LLM(model=model_dir, **engine_kwargs(num_speculative_tokens=3))
     greedy = SamplingParams(temperature=0.0, max_tokens=24)

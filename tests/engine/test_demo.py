@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vllm_graphsafe.cli import demo
-from vllm_graphsafe.testing.server import free_port, live_group_members
+from vllm_graphsafe.local_engine.launcher import free_port, live_group_members
 
 pytestmark = pytest.mark.engine
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.testing.tiny_model import (
+from vllm_graphsafe.local_engine.tiny_model import (
     NUM_LAYERS,
     build_tiny_model,
     build_tiny_moe_model,

@@ -33,8 +33,8 @@ from tests.emulator.cases import (
     case_named,
 )
 from vllm_graphsafe.emulator.demo import boundary_answer
-from vllm_graphsafe.testing.engine import BLOCK_SIZE
-from vllm_graphsafe.testing.server import (
+from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+from vllm_graphsafe.local_engine.launcher import (
     ServerStartError,
     running_server,
     server_environment,

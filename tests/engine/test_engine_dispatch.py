@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.server import run_engine_script
+from tests.engine.serving import run_engine_script
 
 pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("dispatch_steps.py")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.server import running_server
+from tests.engine.serving import running_server
 from vllm_graphsafe.stats import read_process_files
 
 pytestmark = pytest.mark.engine

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.server import running_server
+from tests.engine.serving import running_server
 from vllm_graphsafe.cli.main import build_parser
 from vllm_graphsafe.cli.probe import run
+from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.probe import errors
-from vllm_graphsafe.testing.engine import BLOCK_SIZE
 
 pytestmark = pytest.mark.engine
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from vllm_graphsafe.testing.tiny_model import build_tiny_model
+from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 
 MODEL_FILES = (
     "config.json",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_graphsafe.settings import DISABLE_ENV, EMULATE_ENV, STATS_DIR_ENV
 
 if TYPE_CHECKING:
-    from vllm_graphsafe.testing.server import LocalServer
+    from vllm_graphsafe.local_engine.launcher import LocalServer
 
 EXIT_SERVER_FAILED = 3
 EXIT_NO_VLLM = 11
@@ -149,7 +149,7 @@ def startup_failure(server: LocalServer, reason: str) -> str:
 
 def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> None:
     """Wait for health, printing the elapsed time and the log's last line."""
-    from vllm_graphsafe.testing.server import ServerStartError
+    from vllm_graphsafe.local_engine.launcher import ServerStartError
 
     deadline = time.monotonic() + timeout
     while True:
@@ -208,12 +208,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
-    from vllm_graphsafe.testing.server import (
+    from vllm_graphsafe.local_engine.launcher import (
         ServerStartError,
         server_environment,
         start_server,
     )
-    from vllm_graphsafe.testing.tiny_model import build_tiny_model
+    from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 
     cache_dir = Path(args.cache_dir or Path.cwd() / ".cache" / "vllm-graphsafe")
     section("building the tiny model")
@@ -266,8 +266,8 @@ def _show_hazard(
 ) -> int:
     """The same boundary prompt on an emulating server without and with the plugin."""
     from vllm_graphsafe.emulator.demo import DemoError, show
-    from vllm_graphsafe.testing.engine import BLOCK_SIZE
-    from vllm_graphsafe.testing.server import (
+    from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+    from vllm_graphsafe.local_engine.launcher import (
         ServerStartError,
         server_environment,
         start_server,
@@ -345,10 +345,10 @@ def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int
 
 
 def _probe(args: argparse.Namespace, server: LocalServer) -> int:
+    from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+    from vllm_graphsafe.local_engine.tiny_model import VOCAB_SIZE
     from vllm_graphsafe.probe import ProbeSettings, run_probe
     from vllm_graphsafe.probe.report import print_result
-    from vllm_graphsafe.testing.engine import BLOCK_SIZE
-    from vllm_graphsafe.testing.tiny_model import VOCAB_SIZE
 
     options: dict[str, Any] = {}
     if args.decode_tokens is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.testing.engine import CPU_ENV, server_command
+from vllm_graphsafe.local_engine.cpu_config import CPU_ENV, server_command
 
 LOG_TAIL_CHARS = 3000
 

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.testing import server as local
-from vllm_graphsafe.testing.server import LocalServer, ServerStartError
+from vllm_graphsafe.local_engine import launcher as local
+from vllm_graphsafe.local_engine.launcher import LocalServer, ServerStartError
 
 STARTUP_TIMEOUT_S = 400.0
 #: Set only where a test passes them: the plugin's switches and vLLM's plugin list.
