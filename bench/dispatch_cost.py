@@ -153,6 +153,7 @@ def timed_import_machinery(totals: dict[str, float]) -> Iterator[None]:
                 totals["hooked_find_s"] += elapsed
             return spec
 
+        # Timed on the instance, restored below (wrapt's stubs may not declare it).
         finder.find_spec = find_spec  # type: ignore[method-assign,unused-ignore]
     try:
         yield
@@ -270,13 +271,19 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     # On the class, the rule is vLLM's static one whether or not the plugin
     # installed its own over it.
     shape_rule = GPUModelRunner._is_uniform_decode
-    shape_cls = type("ShapeRuleRunner", (GPUModelRunner,), {})
-    phase_cls = type("PhaseRuleRunner", (GPUModelRunner,), {})
-    for cls in (shape_cls, phase_cls):
-        cls._determine_batch_execution_and_padding = _v1_classify_only  # type: ignore[attr-defined]
-    shape_cls._is_uniform_decode = staticmethod(shape_rule)  # type: ignore[attr-defined]
-    phase_cls._is_uniform_decode = bind_phase_aware_shape_rule(  # type: ignore[attr-defined]
-        shape_rule, fail_loudly
+    classify = {"_determine_batch_execution_and_padding": _v1_classify_only}
+    shape_cls = type(
+        "ShapeRuleRunner",
+        (GPUModelRunner,),
+        {**classify, "_is_uniform_decode": staticmethod(shape_rule)},
+    )
+    phase_cls = type(
+        "PhaseRuleRunner",
+        (GPUModelRunner,),
+        {
+            **classify,
+            "_is_uniform_decode": bind_phase_aware_shape_rule(shape_rule, fail_loudly),
+        },
     )
 
     def runner(cls: type, rows: list[Any]) -> Any:
@@ -416,13 +423,19 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     shape_execute = _classification_lines(shape_count)
     phase_execute = _classification_lines(bind_target_count(shape_count, fail_loudly))
     for function in (shape_execute, phase_execute):
+        # The hook declares the method's own parameters, read by inspect.signature.
         function.__signature__ = execute_signature  # type: ignore[attr-defined]
-    shape_cls = type("ShapeRuleRunnerV2", (GPUModelRunner,), {})
-    shape_cls.execute_model = shape_execute  # type: ignore[attr-defined]
-    phase_cls = type("PhaseRuleRunnerV2", (GPUModelRunner,), {})
-    phase_cls.execute_model = bind_target_step(phase_execute, fail_loudly)  # type: ignore[attr-defined]
-    native_cls = type("NativeRunnerV2", (GPUModelRunner,), {})
-    native_cls.execute_model = _native_lines  # type: ignore[attr-defined]
+    shape_cls = type(
+        "ShapeRuleRunnerV2", (GPUModelRunner,), {"execute_model": shape_execute}
+    )
+    phase_cls = type(
+        "PhaseRuleRunnerV2",
+        (GPUModelRunner,),
+        {"execute_model": bind_target_step(phase_execute, fail_loudly)},
+    )
+    native_cls = type(
+        "NativeRunnerV2", (GPUModelRunner,), {"execute_model": _native_lines}
+    )
 
     def case(cls: type, step: Any) -> Step:
         runner = step.runner

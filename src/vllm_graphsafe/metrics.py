@@ -8,14 +8,23 @@ which inherit it; every process leaves its record there (see ``stats``), and a
 collector registered on prometheus_client's default registry, the one vLLM
 serves, sums the records at scrape time. Nothing is read on the step path.
 
-vLLM serves a different registry when it runs several API server processes
-(``--api-server-count`` above 1 sets ``PROMETHEUS_MULTIPROC_DIR``); there the
-plugin's metrics are not on ``/metrics``; ``GRAPHSAFE_STATS_DIR`` still works.
+With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for ``--api-server-count``
+above 1), ``/metrics`` is served from a new registry holding one
+prometheus_client ``MultiProcessCollector`` (prometheus-fastapi-instrumentator
+builds one per scrape; vLLM's ``get_prometheus_registry`` one per call), not
+from the default registry. In the API server processes vLLM spawns
+(``ApiServer_N``, which inherit the directory) the plugin wraps that class's
+``collect`` so it also yields the plugin's families, read from the directory.
+One process answers each scrape and reads every record once: nothing is counted
+twice. Should anything in the hook fail, vLLM's own metrics are served as
+before, without the plugin's, after one warning.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import logging
 import multiprocessing
 import os
 import shutil
@@ -51,13 +60,28 @@ EXAMPLE_ALERT = f"""\
     summary: "vllm-graphsafe patch {{{{ $labels.patch }}}} failed; vLLM runs without it"
 """
 
+#: The names vLLM gives the API server processes it spawns (``ApiServer_0``...).
+SPAWNED_API_SERVER_PREFIX = "ApiServer"
+#: Set where vLLM serves a multi-process registry (``--api-server-count`` above 1).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+logger = logging.getLogger("vllm.graphsafe")
+
 _prepared_in_pid: int | None = None
 _prepared_directory: Path | None = None
+_warned = False
 
 
 def is_root_process() -> bool:
-    """Whether this is the process that serves ``/metrics`` (not an engine process)."""
-    return process_role(multiprocessing.current_process().name) == ROLE_API_SERVER
+    """Whether this process creates the directory: the one the operator started
+    to serve ``/metrics``, not an engine process nor an API server vLLM spawned."""
+    name = multiprocessing.current_process().name
+    return process_role(name) == ROLE_API_SERVER and not is_spawned_api_server()
+
+
+def is_spawned_api_server() -> bool:
+    """Whether vLLM spawned this process to serve (``--api-server-count`` above 1)."""
+    return multiprocessing.current_process().name.startswith(SPAWNED_API_SERVER_PREFIX)
 
 
 def prepare_metrics_directory() -> Path | None:
@@ -78,11 +102,15 @@ def prepare_metrics_directory() -> Path | None:
         os.environ[METRICS_DIR_ENV] = str(directory)
         atexit.register(_remove_directory, directory, os.getpid())
         register_collector(directory)
+        if os.environ.get(MULTIPROC_DIR_ENV):  # set by the operator: served instead
+            serve_with_multiprocess_collector(directory)
         _prepared_directory = directory
         return directory
     inherited = read_settings().metrics_dir
     if inherited and is_private_directory(Path(inherited)):
         _prepared_directory = Path(inherited)
+        if is_spawned_api_server():
+            serve_with_multiprocess_collector(_prepared_directory)
     return _prepared_directory
 
 
@@ -115,6 +143,58 @@ def register_collector(directory: Path) -> bool:
     except ValueError:  # already registered (a second plugin load)
         return False
     return True
+
+
+def serve_with_multiprocess_collector(directory: Path) -> bool:
+    """Have every ``MultiProcessCollector`` here also yield the plugin's families.
+
+    Idempotent. Never raises: where prometheus_client is absent nothing is
+    done; any other error is one warning, and the collector is left as it was.
+    """
+    try:
+        from prometheus_client import multiprocess
+    except ImportError:
+        return False
+    try:
+        collector_class: Any = multiprocess.MultiProcessCollector
+        original = collector_class.collect
+        if not getattr(original, "graphsafe_hook", False):
+            collector_class.collect = with_plugin_families(original, directory)
+    except Exception as error:
+        warn_once(error)
+        return False
+    return True
+
+
+def with_plugin_families(original: Any, directory: Path) -> Any:
+    """``original`` (a ``collect`` method), then the families for ``directory``."""
+
+    @functools.wraps(original)
+    def collect(self: Any) -> Iterator[Any]:
+        yield from original(self)
+        try:
+            families = metric_families(read_records_leniently(directory))
+        except Exception as error:
+            warn_once(error)
+            return
+        yield from families
+
+    collect.graphsafe_hook = True  # type: ignore[attr-defined]
+    return collect
+
+
+def warn_once(error: BaseException) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    logger.warning(
+        "vllm-graphsafe: its metrics are not on /metrics (%s: %s); vLLM serves "
+        "as usual. GRAPHSAFE_STATS_DIR and `vllm-graphsafe doctor --stats-dir` "
+        "still show the counts.",
+        type(error).__name__,
+        error,
+    )
 
 
 class DispatchCollector:

@@ -40,7 +40,8 @@ class Server(LocalServer):
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=120) as response:
-            return json.loads(response.read())
+            completion: dict[str, Any] = json.loads(response.read())
+        return completion
 
 
 @contextmanager
@@ -84,4 +85,5 @@ def run_engine_script(script: Path, model_dir: Path, plugin: bool) -> dict[str, 
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    record: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return record

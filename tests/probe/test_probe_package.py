@@ -43,7 +43,7 @@ def test_run_probe_returns_checks_and_report_and_prints_nothing(
     assert result.report["server"]["base_url"] == server.url
     assert capsys.readouterr() == ("", "")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.timeout = 1.0  # type: ignore[misc]
+        settings.timeout = 1.0  # type: ignore[misc]  # frozen: this must raise
 
 
 def test_run_probe_refuses_bad_settings_in_one_sentence() -> None:

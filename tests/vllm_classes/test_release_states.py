@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import pytest
 
@@ -49,10 +50,11 @@ def expected_states(version: str) -> dict[str, str] | None:
 
 
 def installed_version() -> str:
-    return importlib.import_module("vllm").__version__
+    version: str = importlib.import_module("vllm").__version__
+    return version
 
 
-def doctor_report(*extra: str) -> tuple[int, dict[str, object]]:
+def doctor_report(*extra: str) -> tuple[int, dict[str, Any]]:
     result = subprocess.run(
         [sys.executable, "-m", "vllm_graphsafe.cli.main", "doctor", "--json", *extra],
         capture_output=True,
@@ -65,11 +67,11 @@ def doctor_report(*extra: str) -> tuple[int, dict[str, object]]:
 def test_every_fix_this_release_needs_is_active() -> None:
     """Holds on every release, surveyed or not."""
     status, report = doctor_report("--import")
-    states = {p["id"]: p["state"] for p in report["patches"]}  # type: ignore[index,union-attr]
+    states = {p["id"]: p["state"] for p in report["patches"]}
     assert {pid: s for pid, s in states.items() if s not in SATISFIED} == {}
     assert status == 0
     assert report["ok"] is True
-    applied = [p for p in report["patches"] if p["state"] == "applied"]  # type: ignore[union-attr,index]
+    applied = [p for p in report["patches"] if p["state"] == "applied"]
     assert all(p["wrapped"] for p in applied), "an applied patch wrapped nothing"
 
 
@@ -85,7 +87,7 @@ def test_doctor_reports_every_patch_state_for_this_release() -> None:
         )
         return
     _, report = doctor_report("--import")
-    states = {p["id"]: p["state"] for p in report["patches"]}  # type: ignore[index,union-attr]
+    states = {p["id"]: p["state"] for p in report["patches"]}
     assert states == expected
 
 

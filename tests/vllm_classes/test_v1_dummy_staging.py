@@ -203,8 +203,8 @@ def _piecewise_determine(runner: object) -> object:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    def determine(**kwargs: object) -> object:
-        descriptor = BatchDescriptor(num_tokens=kwargs["num_tokens"])  # type: ignore[arg-type]
+    def determine(**kwargs: Any) -> object:
+        descriptor = BatchDescriptor(num_tokens=kwargs["num_tokens"])
         return CUDAGraphMode.NONE, descriptor, False, None, None
 
     return determine

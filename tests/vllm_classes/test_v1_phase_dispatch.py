@@ -222,9 +222,9 @@ def test_dp_sync_receives_the_phase_aware_classification(
     rows = CASES[case](q)
     record = DispatchRecord()
 
-    def coordinate_batch_across_dp(**kwargs: object) -> tuple[bool, None, int]:
+    def coordinate_batch_across_dp(**kwargs: Any) -> tuple[bool, None, int]:
         record.dp_uniform_decode.append(bool(kwargs["uniform_decode"]))
-        return False, None, int(kwargs["cudagraph_mode"])  # type: ignore[call-overload]
+        return False, None, int(kwargs["cudagraph_mode"])
 
     monkeypatch.setattr(
         runner_module, "coordinate_batch_across_dp", coordinate_batch_across_dp

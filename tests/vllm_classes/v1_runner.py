@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +40,7 @@ class UntouchableBatch:
         raise AssertionError(f"non-uniform batch read input_batch.{name}")
 
 
-def input_batch(rows: list[Row], stale_rows: list[Row] = ()) -> SimpleNamespace:
+def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamespace:
     """Rows in order, then ``stale_rows`` left behind past ``num_reqs``."""
     computed = np.zeros(MAX_ROWS, dtype=np.int32)
     prompt = np.zeros(MAX_ROWS, dtype=np.int32)

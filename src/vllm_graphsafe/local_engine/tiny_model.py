@@ -266,23 +266,48 @@ def qwen3_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
 
 def qwen3_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     """Names and shapes of ``Qwen3ForCausalLM``'s weights, with the LM head tied."""
-    query_width = NUM_ATTENTION_HEADS * HEAD_DIM
-    key_value_width = NUM_KV_HEADS * HEAD_DIM
+    return _dense_decoder_shapes(vocab_size, attention=_qwen3_attention_shapes)
+
+
+def _qwen3_attention_shapes(prefix: str) -> dict[str, tuple[int, ...]]:
+    """Qwen3's attention: no projection biases, RMS norms on queries and keys."""
+    return _attention_shapes(prefix, HEAD_DIM, bias=False) | {
+        f"{prefix}.q_norm.weight": (HEAD_DIM,),
+        f"{prefix}.k_norm.weight": (HEAD_DIM,),
+    }
+
+
+def _attention_shapes(
+    prefix: str, head_dim: int, *, bias: bool
+) -> dict[str, tuple[int, ...]]:
+    """The q/k/v/o projections of grouped-query attention (biases on q, k, v)."""
+    widths = {
+        "q_proj": NUM_ATTENTION_HEADS * head_dim,
+        "k_proj": NUM_KV_HEADS * head_dim,
+        "v_proj": NUM_KV_HEADS * head_dim,
+    }
+    shapes: dict[str, tuple[int, ...]] = {}
+    for projection, width in widths.items():
+        shapes[f"{prefix}.{projection}.weight"] = (width, HIDDEN_SIZE)
+        if bias:
+            shapes[f"{prefix}.{projection}.bias"] = (width,)
+    shapes[f"{prefix}.o_proj.weight"] = (HIDDEN_SIZE, widths["q_proj"])
+    return shapes
+
+
+def _dense_decoder_shapes(
+    vocab_size: int, attention: Callable[[str], dict[str, tuple[int, ...]]]
+) -> dict[str, tuple[int, ...]]:
+    """Tied embeddings, then per layer two norms, ``attention`` and a dense MLP."""
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
         "model.norm.weight": (HIDDEN_SIZE,),
     }
     for layer in range(NUM_LAYERS):
         prefix = f"model.layers.{layer}"
-        shapes |= {
+        shapes |= attention(f"{prefix}.self_attn") | {
             f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
             f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
-            f"{prefix}.self_attn.q_proj.weight": (query_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.k_proj.weight": (key_value_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.v_proj.weight": (key_value_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, query_width),
-            f"{prefix}.self_attn.q_norm.weight": (HEAD_DIM,),
-            f"{prefix}.self_attn.k_norm.weight": (HEAD_DIM,),
             f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
             f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
             f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
@@ -335,29 +360,13 @@ def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, An
 
 def qwen2_moe_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     """``Qwen2MoeForCausalLM``'s weights with every layer dense, LM head tied."""
-    query_width = NUM_ATTENTION_HEADS * (HIDDEN_SIZE // NUM_ATTENTION_HEADS)
-    key_value_width = NUM_KV_HEADS * (HIDDEN_SIZE // NUM_ATTENTION_HEADS)
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
-        "model.norm.weight": (HIDDEN_SIZE,),
-    }
-    for layer in range(NUM_LAYERS):
-        prefix = f"model.layers.{layer}"
-        shapes |= {
-            f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
-            f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
-            f"{prefix}.self_attn.q_proj.weight": (query_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.q_proj.bias": (query_width,),
-            f"{prefix}.self_attn.k_proj.weight": (key_value_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.k_proj.bias": (key_value_width,),
-            f"{prefix}.self_attn.v_proj.weight": (key_value_width, HIDDEN_SIZE),
-            f"{prefix}.self_attn.v_proj.bias": (key_value_width,),
-            f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, query_width),
-            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
-        }
-    return shapes
+    # Its config declares no head_dim: the model derives it from the hidden size;
+    # the q/k/v projections carry biases and there are no q/k norms.
+    head_dim = HIDDEN_SIZE // NUM_ATTENTION_HEADS
+    return _dense_decoder_shapes(
+        vocab_size,
+        attention=lambda prefix: _attention_shapes(prefix, head_dim, bias=True),
+    )
 
 
 ConfigBuilder = Callable[[int, dict[str, int]], dict[str, Any]]
