@@ -60,7 +60,7 @@ if [[ ! -x "$VENVS/tools/bin/pre-commit" || ! -x "$VENVS/tools/bin/ruff" ]]; the
 fi
 "$VENVS/tools/bin/pre-commit" run --all-files --show-diff-on-failure
 
-stamp "wheel (built from a copy of the commit, so that no build/ lands in the tree)"
+stamp "wheel (built from a copy of the commit: committed files only)"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/src"
