@@ -45,6 +45,7 @@ LIGHT_ENGINE_TESTS = [
     "tests/engine/test_engine_dispatch.py",
     "tests/engine/test_engine_dummy_metadata.py",
     "tests/engine/test_emulator_steps.py",
+    "tests/engine/test_emulator_table.py",
     BACKPORT_ENGINE_TEST,
 ]
 #: Left out of the vLLM-independent stage: an engine test (run with the engine

@@ -14,13 +14,16 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
-from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+from tests.emulator.step_log import read_steps
+from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE, MAX_MODEL_LEN
 
 K = 3
 STEP = K + 1
@@ -28,9 +31,12 @@ B = BLOCK_SIZE
 #: The servers' chunked-prefill budget: not a multiple of B, above 2B + K + 1.
 CHUNK = 320
 MAX_TOKENS = 16
-DECODE_TOKENS = 384
-#: A loaded host can finish the decode before the inserts are answered (seen
-#: once beside a second test stream): the case is then run again, this often.
+DECODE_PROMPT_TOKENS = 20
+#: The longest decode the server admits: some 500 steps of K+1 tokens, where
+#: the inserted prompts need one step each once they arrive.
+DECODE_TOKENS = MAX_MODEL_LEN - DECODE_PROMPT_TOKENS
+#: Whether the inserted prompts shared a step with the decode is read from the
+#: server's step log; an attempt where they did not is run again, this often.
 DECODE_ATTEMPTS = 3
 #: Tokens of the long decode seen before the dangerous prompts are inserted.
 DECODE_HEAD_TOKENS = 24
@@ -46,45 +52,76 @@ def prompt(length: int, seed: int) -> list[int]:
 
 
 @dataclass
+class Streamed:
+    tokens: list[int]
+    finish_reason: str | None
+
+
+@dataclass
 class Client:
+    """``step_log``: the server's :mod:`tests.emulator.step_log` directory."""
+
     base_url: str
     model: str
+    step_log: Path | None = None
     http: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S)
 
-    def complete(self, ids: Sequence[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-        response = self.http.post("/v1/completions", json=self._body(ids, max_tokens))
+    def complete(
+        self,
+        ids: Sequence[int],
+        max_tokens: int = MAX_TOKENS,
+        request_id: str | None = None,
+    ) -> list[int]:
+        response = self.http.post(
+            "/v1/completions",
+            json=self._body(ids, max_tokens),
+            headers=_id_header(request_id),
+        )
         response.raise_for_status()
         return list(response.json()["choices"][0]["token_ids"])
 
     def complete_streaming(
-        self, ids: Sequence[int], max_tokens: int, on_tokens: Callable[[int], None]
-    ) -> list[int]:
+        self,
+        ids: Sequence[int],
+        max_tokens: int,
+        on_tokens: Callable[[int], None],
+        request_id: str | None = None,
+    ) -> Streamed:
         """Stream the answer; ``on_tokens(count so far)`` after each chunk."""
         body = {**self._body(ids, max_tokens), "stream": True}
-        tokens: list[int] = []
-        with self.http.stream("POST", "/v1/completions", json=body) as response:
+        streamed = Streamed([], None)
+        with self.http.stream(
+            "POST", "/v1/completions", json=body, headers=_id_header(request_id)
+        ) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 for choice in json.loads(line[len("data: ") :])["choices"]:
-                    tokens += choice.get("token_ids") or []
-                on_tokens(len(tokens))
-        return tokens
+                    streamed.tokens += choice.get("token_ids") or []
+                    streamed.finish_reason = (
+                        choice.get("finish_reason") or streamed.finish_reason
+                    )
+                on_tokens(len(streamed.tokens))
+        return streamed
 
-    def together(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    def together(
+        self,
+        prompts: Sequence[Sequence[int]],
+        request_ids: Sequence[str | None] | None = None,
+    ) -> list[list[int]]:
         """Send the prompts at once, each in its own request."""
         start = threading.Barrier(len(prompts))
 
-        def send(ids: Sequence[int]) -> list[int]:
+        def send(ids: Sequence[int], request_id: str | None) -> list[int]:
             start.wait()
-            return self.complete(ids)
+            return self.complete(ids, request_id=request_id)
 
         with ThreadPoolExecutor(len(prompts)) as pool:
-            return list(pool.map(send, prompts))
+            return list(pool.map(send, prompts, request_ids or [None] * len(prompts)))
 
     def _body(self, ids: Sequence[int], max_tokens: int) -> dict[str, object]:
         return {
@@ -94,6 +131,11 @@ class Client:
             "temperature": 0.0,
             "return_token_ids": True,
         }
+
+
+def _id_header(request_id: str | None) -> dict[str, str]:
+    """vLLM names the request after ``X-Request-Id`` (``cmpl-<id>-<n>...``)."""
+    return {} if request_id is None else {"X-Request-Id": request_id}
 
 
 # ------------------------------------------------------------------ the cases
@@ -150,45 +192,75 @@ def _fresh_pair(client: Client) -> Answers:
 
 
 def _ongoing_decode(client: Client) -> Answers:
-    """A long greedy decode, with dangerous prompts inserted while it runs."""
+    """A long greedy decode, with dangerous prompts inserted while it runs.
+
+    That each inserted prompt was computed in a step that also scheduled the
+    decode is read from the server's step log (the scheduler's own record),
+    not inferred from timing; an attempt where it was not is run again.
+    """
+    if client.step_log is None:
+        raise AssertionError("this case needs the server's step log")
     warm_insert = prompt(B + STEP, 701)
     client.complete(warm_insert, max_tokens=1)  # its prefix is cached
     inserts = {"insert_fresh": prompt(STEP, 700), "insert_warm": warm_insert}
+    missed = []
     for _ in range(DECODE_ATTEMPTS):
-        answers = _decode_with_inserts(client, inserts)
-        if answers is not None:
+        answers, overlap, finish = _decode_with_inserts(
+            client, client.step_log, inserts
+        )
+        if all(overlap.values()):
             return answers
+        missed.append(
+            f"inserted into the decode: {overlap}; the decode ended "
+            f"({finish}) after {len(answers['decode'])} of {DECODE_TOKENS} tokens"
+        )
     raise AssertionError(
-        f"in {DECODE_ATTEMPTS} attempts the long decode ended before the inserted "
-        "prompts were answered: nothing was inserted into an ongoing decode "
-        "(raise DECODE_TOKENS)"
+        f"in {DECODE_ATTEMPTS} attempts the server's step log shows no step "
+        f"that computed each inserted prompt beside the ongoing decode: {missed}"
     )
 
 
 def _decode_with_inserts(
-    client: Client, inserts: dict[str, list[int]]
-) -> Answers | None:
-    """The decode and the inserts' answers; None when the decode ended first."""
+    client: Client, step_log: Path, inserts: Mapping[str, list[int]]
+) -> tuple[Answers, dict[str, bool], str | None]:
+    """Every slot's answer; per insert, whether a step that computed its
+    prompt also scheduled the decode (from the server's step log); and why
+    the decode ended."""
     head_seen = threading.Event()
 
     def on_tokens(count: int) -> None:
         if count >= DECODE_HEAD_TOKENS:
             head_seen.set()
 
-    answers: Answers = {}
+    tag = uuid.uuid4().hex
+    names = {slot: f"graphsafe-{slot}-{tag}" for slot in ("decode", *inserts)}
     with ThreadPoolExecutor(1) as pool:
         decode = pool.submit(
-            client.complete_streaming, prompt(20, 702), DECODE_TOKENS, on_tokens
+            client.complete_streaming,
+            prompt(DECODE_PROMPT_TOKENS, 702),
+            DECODE_TOKENS,
+            on_tokens,
+            names["decode"],
         )
         if not head_seen.wait(REQUEST_TIMEOUT_S):
             decode.result()  # raises what went wrong
-        for slot, ids in inserts.items():
-            answers[slot] = client.complete(ids)
-        if decode.done():
-            decode.result()
-            return None
-        answers["decode"] = decode.result()
-    return answers
+        slots = list(inserts)
+        answered = client.together(
+            [inserts[slot] for slot in slots], [names[slot] for slot in slots]
+        )
+        streamed = decode.result()
+    answers: Answers = dict(zip(slots, answered, strict=True))
+    answers["decode"] = streamed.tokens
+    if not any(step_log.glob("*.jsonl")):
+        raise AssertionError(f"the server logged no step in {step_log}")
+    overlap = dict.fromkeys(slots, False)
+    for step in read_steps(step_log):
+        if not any(names["decode"] in req_id for req_id in step["scheduled"]):
+            continue
+        for slot in slots:
+            if any(names[slot] in req_id for req_id in step["in_prompt"]):
+                overlap[slot] = True
+    return answers, overlap, streamed.finish_reason
 
 
 CASES: tuple[Case, ...] = (

@@ -6,7 +6,8 @@ Ground truth, independent of the emulator: which scheduled requests had not
 computed their whole prompt comes from the scheduler's output (new requests'
 computed counts against their prompt; cached ones against the runner's
 request record), and the decision is what this script's own wrapper sees
-handed to ``CudagraphDispatcher.dispatch`` (the last call of the step).
+handed to ``CudagraphDispatcher.dispatch`` (the last call of the step, as the
+emulator reads it): :class:`tests.emulator.step_recording.StepRecorder`.
 When the emulator is loaded, its record of this process is printed too.
 """
 
@@ -15,9 +16,8 @@ from __future__ import annotations
 import json
 import random
 import sys
+from pathlib import Path
 from typing import Any
-
-import wrapt
 
 K = 3
 BLOCK = 128
@@ -34,47 +34,10 @@ def main(model_dir: str) -> None:
 
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
-    steps: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.emulator.step_recording import StepRecorder
 
-    def record_step(wrapped: Any, runner: Any, args: Any, kwargs: Any) -> Any:
-        scheduler_output = args[0] if args else kwargs["scheduler_output"]
-        if not scheduler_output.total_num_scheduled_tokens:
-            return wrapped(*args, **kwargs)
-        in_prompt = [
-            new.req_id
-            for new in scheduler_output.scheduled_new_reqs
-            if new.num_computed_tokens < len(new.prompt_token_ids)
-        ]
-        cached = scheduler_output.scheduled_cached_reqs
-        for req_id, computed in zip(
-            cached.req_ids, cached.num_computed_tokens, strict=True
-        ):
-            if computed < runner.requests[req_id].num_prompt_tokens:
-                in_prompt.append(req_id)
-        current.clear()
-        current.update(
-            scheduled=sorted(scheduler_output.num_scheduled_tokens),
-            in_prompt=sorted(in_prompt),
-            uniform_decode=None,
-        )
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            steps.append(dict(current))
-            current.clear()
-
-    def record_dispatch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if current:
-            current["uniform_decode"] = bool(kwargs.get("uniform_decode", False))
-        return wrapped(*args, **kwargs)
-
-    wrapt.wrap_function_wrapper(
-        "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model", record_step
-    )
-    wrapt.wrap_function_wrapper(
-        "vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher.dispatch", record_dispatch
-    )
+    steps = StepRecorder(dispatch_call="last").install().steps
 
     llm = LLM(model=model_dir, **engine_kwargs(num_speculative_tokens=K))
 

@@ -4,16 +4,15 @@ Usage: python dispatch_steps.py MODEL_DIR  (prints one JSON object on its last l
 
 The ground truth comes from the scheduler, not from the runner: a step holds
 prompt tokens when a scheduled request had computed less than its prompt.
-What the runner decided is what reached vLLM's CUDA graph dispatcher.
+What the runner decided is what reached vLLM's CUDA graph dispatcher first in
+the step (:class:`tests.emulator.step_recording.StepRecorder`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
-
-import wrapt
+from pathlib import Path
 
 SPEC_TOKENS = 3
 
@@ -24,46 +23,10 @@ def main(model_dir: str) -> None:
 
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
-    steps: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.emulator.step_recording import StepRecorder
 
-    def record_step(wrapped: Any, runner: Any, args: Any, kwargs: Any) -> Any:
-        scheduler_output = args[0] if args else kwargs["scheduler_output"]
-        scheduled = scheduler_output.num_scheduled_tokens
-        if not scheduled:
-            return wrapped(*args, **kwargs)
-        prompt_tokens = False
-        for new in scheduler_output.scheduled_new_reqs:
-            prompt_tokens |= new.num_computed_tokens < len(new.prompt_token_ids)
-        cached = scheduler_output.scheduled_cached_reqs
-        computed_counts = cached.num_computed_tokens
-        for req_id, computed in zip(cached.req_ids, computed_counts, strict=True):
-            prompt_tokens |= computed < runner.requests[req_id].num_prompt_tokens
-        widths = list(scheduled.values())
-        current.clear()
-        current.update(
-            holds_prompt_tokens=bool(prompt_tokens),
-            decode_shape=set(widths) == {SPEC_TOKENS + 1},
-            widths=widths,
-            uniform_decode=None,
-        )
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            steps.append(dict(current))
-            current.clear()
-
-    def record_dispatch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if current and current["uniform_decode"] is None:
-            current["uniform_decode"] = bool(kwargs.get("uniform_decode", False))
-        return wrapped(*args, **kwargs)
-
-    wrapt.wrap_function_wrapper(
-        "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model", record_step
-    )
-    wrapt.wrap_function_wrapper(
-        "vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher.dispatch", record_dispatch
-    )
+    recorder = StepRecorder(dispatch_call="first").install()
 
     llm = LLM(model=model_dir, **engine_kwargs(num_speculative_tokens=SPEC_TOKENS))
     tokenizer = llm.get_tokenizer()
@@ -80,7 +43,15 @@ def main(model_dir: str) -> None:
     print(
         json.dumps(
             {
-                "steps": steps,
+                "steps": [
+                    {
+                        "holds_prompt_tokens": bool(step["in_prompt"]),
+                        "decode_shape": set(step["widths"]) == {SPEC_TOKENS + 1},
+                        "widths": step["widths"],
+                        "uniform_decode": step["uniform_decode"],
+                    }
+                    for step in recorder.steps
+                ],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
             }
         )

@@ -32,6 +32,7 @@ from tests.emulator.cases import (
     Client,
     case_named,
 )
+from tests.emulator.step_log import STEP_LOG_ENV, WORKER_EXTENSION
 from vllm_graphsafe.emulator.demo import boundary_answer
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.local_engine.launcher import (
@@ -54,6 +55,15 @@ SWITCHES = (
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 EMULATE = {"GRAPHSAFE_EMULATE_GRAPH_HAZARD": "1"}
 DISABLED, ENABLED = "plugin disabled", "plugin enabled"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Each server logs its steps (tests.emulator.step_log), which the ongoing
+#: decode case reads.
+SERVER_ARGS = [
+    "--max-num-batched-tokens",
+    str(CHUNK),
+    "--worker-extension-cls",
+    WORKER_EXTENSION,
+]
 
 
 @dataclass
@@ -69,7 +79,18 @@ def _vocab_size(model_dir: Path) -> int:
 
 def _environment(overrides: dict[str, str], workdir: Path) -> dict[str, str]:
     cache = os.environ.get("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
-    return server_environment({"VLLM_CACHE_ROOT": cache, **overrides}, drop=SWITCHES)
+    python_path = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    return server_environment(
+        {
+            "VLLM_CACHE_ROOT": cache,
+            "PYTHONPATH": python_path,
+            STEP_LOG_ENV: str(workdir / "steps"),
+            **overrides,
+        },
+        drop=SWITCHES,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +111,9 @@ def controls(
             env=_environment(PLUGIN_OFF, workdir),
             log_path=workdir / "server.log",
             startup_timeout=STARTUP_TIMEOUT_S,
-            extra_args=["--max-num-batched-tokens", str(CHUNK)],
+            extra_args=SERVER_ARGS,
         ) as server:
-            client = Client(server.base_url, server.model)
+            client = Client(server.base_url, server.model, workdir / "steps")
             for case in CASES:
                 try:
                     answers[case.name] = case.run(client)
@@ -120,9 +141,10 @@ def emulating(
             env=_environment(overrides, workdir),
             log_path=log_path,
             startup_timeout=STARTUP_TIMEOUT_S,
-            extra_args=["--max-num-batched-tokens", str(CHUNK)],
+            extra_args=SERVER_ARGS,
         ) as server:
-            yield Emulating(plugin, Client(server.base_url, server.model), log_path)
+            client = Client(server.base_url, server.model, workdir / "steps")
+            yield Emulating(plugin, client, log_path)
     except ServerStartError as error:
         pytest.fail(str(error))
 
