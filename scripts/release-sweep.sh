@@ -13,10 +13,12 @@
 # does not install is recorded with pip's reason; a CPU build that does not
 # install is retried as the CUDA build. Ends with one markdown table.
 #
-# usage: scripts/release-sweep.sh [--only 0.28,0.30] [--reuse-ci-venvs] [--dry-run]
+# usage: scripts/release-sweep.sh [--only 0.28,0.30] [--reuse-ci-venvs] [--reuse-venvs DIR] [--dry-run]
 #                                 [--workdir DIR] [--min-free-gb 15]
 #   --only            a subset of minor releases
 #   --reuse-ci-venvs  test CI's four releases in .venvs/ instead of installing them
+#   --reuse-venvs DIR test DIR/<distribution>-<version> where it holds the release
+#                     (kept afterwards) instead of installing it
 #   --dry-run         print which build each release gets and why; install nothing
 #
 # Exit status: 0 every release verified; 1 a release did not install, a patch is

