@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -86,6 +87,9 @@ class _HostColumn:
 class _StagedWrites:
     """A GPU column whose staged writes nothing here reads back."""
 
+    #: Handed to GPU kernels, which are left out here.
+    gpu = None
+
     def stage_write_elem(self, *_: Any) -> None:
         return None
 
@@ -99,7 +103,8 @@ class _StagedWrites:
 def _recording_state_class() -> type:
     from vllm.v1.worker.gpu.states import RequestState
 
-    class RecordingRequestState(RequestState):  # type: ignore[misc, valid-type]
+    # RequestState is Any where vLLM is not installed (the pre-commit env).
+    class RecordingRequestState(RequestState):  # type: ignore[misc]
         """Records reads of the phase columns once ``reads`` is a list."""
 
         def __getattribute__(self, name: str) -> Any:
@@ -115,7 +120,7 @@ def _recording_state_class() -> type:
 
 
 def request_state(num_speculative_steps: int) -> Any:
-    state = object.__new__(_recording_state_class())
+    state: Any = object.__new__(_recording_state_class())
     state.__dict__.update(
         max_num_reqs=MAX_REQS,
         max_model_len=MAX_TOKENS,
@@ -257,10 +262,19 @@ def make_step(
     state = request_state(decode_query_len - 1)
     if gaps:
         leave_gaps(state)
+    # A runner that takes the counts from the scheduler in update_requests
+    # (0.22+) may start the step behind them; one that does not (0.20) starts
+    # where its previous step's postprocess advanced them: at ``computed``.
+    synced = "num_computed_tokens" in inspect.getsource(GPUModelRunner.update_requests)
     for rid, req in reqs.items():
         if not req.new:
-            previous = req.computed if req.previous is None else req.previous
-            _add(state, rid, req.prefill_len, previous)
+            previous = req.previous if synced and req.previous is not None else None
+            _add(
+                state,
+                rid,
+                req.prefill_len,
+                req.computed if previous is None else previous,
+            )
 
     def add_requests(output: Any) -> None:
         for new in output.scheduled_new_reqs:
@@ -285,6 +299,8 @@ def make_step(
             data_parallel_size=dp_size, data_parallel_rank=dp_rank
         ),
         use_pp=False,
+        # postprocess (0.20) skips the sampler's bin counts off the last rank.
+        is_last_pp_rank=False,
         adaptive_verification=None,
         pcp_manager=None,
         ubatch_runner=None,
@@ -350,13 +366,16 @@ def _batch_order(step: Step) -> list[str]:
     sort = getattr(model_runner, "sort_batch_req_ids", None)
     if sort is None:
         return list(output.num_scheduled_tokens)
+    order: list[str]
     if len(inspect.signature(sort).parameters) == 2:
-        return sort(output.num_scheduled_tokens, step.decode_query_len)
-    return sort(
-        output.num_scheduled_tokens,
-        output.scheduled_spec_decode_tokens,
-        step.decode_query_len,
-    )
+        order = sort(output.num_scheduled_tokens, step.decode_query_len)
+    else:
+        order = sort(
+            output.num_scheduled_tokens,
+            output.scheduled_spec_decode_tokens,
+            step.decode_query_len,
+        )
+    return order
 
 
 def batch_phase_fields(step: Step) -> dict[str, Any]:
@@ -409,16 +428,49 @@ def _padded(values: Any, fill: Any) -> np.ndarray:
     return np.concatenate([column, np.full(PADDED_ROWS, fill, dtype=column.dtype)])
 
 
+def batch_has_phase_column() -> bool:
+    """Whether the release's input batch carries ``is_prefilling_np`` (0.22+)."""
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+
+    return "is_prefilling_np" in {f.name for f in dataclasses.fields(InputBatch)}
+
+
+def _postprocess(step: Step, batch: Any) -> None:
+    """The release's own ``postprocess`` (0.20), as ``sample_tokens`` runs it
+    before ``propose``: it advances ``num_computed_prefill_tokens`` by the
+    scheduled tokens, clamped to ``prefill_len``. Only its GPU kernel
+    (``post_update``) is left out."""
+    from vllm.v1.worker.gpu import model_runner
+
+    kernel = model_runner.post_update
+    model_runner.post_update = lambda *_, **__: None
+    try:
+        sampled = torch.zeros(batch.num_reqs, 1, dtype=torch.int64)
+        ones = torch.ones(batch.num_reqs, dtype=torch.int32)
+        step.runner.postprocess(batch, sampled, ones, torch.zeros_like(ones))
+    finally:
+        model_runner.post_update = kernel
+
+
 def input_batch(step: Step, **overrides: Any) -> Any:
-    """The target's input batch for ``step``, after its state update.
+    """The target's input batch for ``step``, as ``propose`` receives it.
 
     The per-row phase columns run ``PADDED_ROWS`` rows past ``num_reqs``, as a
     padded batch's buffers do, with those rows in prefill.
+
+    A release whose batch has no phase column (0.20) is taken through its real
+    order: after the state update, ``prepare_inputs`` asks the request states
+    ``any_prefills(idx_mapping_np)`` and stores that array in the batch; the
+    forward runs; ``postprocess`` advances the request states; then ``propose``.
     """
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
     step.run_state_update()
     phase = batch_phase_fields(step)
+    pre_step = not batch_has_phase_column()
+    if pre_step:
+        # What prepare_inputs asks before the forward (model_runner, 0.20).
+        step.runner.req_states.any_prefills(phase["idx_mapping_np"])
     req_ids = phase["req_ids"]
     num_reqs = len(req_ids)
     scheduled = np.asarray(phase["num_scheduled_tokens"], dtype=np.int32)
@@ -452,7 +504,10 @@ def input_batch(step: Step, **overrides: Any) -> Any:
         **overrides,
     }
     names = {f.name for f in dataclasses.fields(InputBatch)}
-    return InputBatch(**{name: values.get(name) for name in names})
+    batch = InputBatch(**{name: values.get(name) for name in names})
+    if pre_step:
+        _postprocess(step, batch)
+    return batch
 
 
 def dummy_input_batch(num_reqs: int, width: int) -> Any:
@@ -463,6 +518,12 @@ def dummy_input_batch(num_reqs: int, width: int) -> Any:
     return InputBatch.make_dummy(num_reqs, num_reqs * width, buffers)
 
 
+#: A draft-prefill count: ``get_uniform_token_count(`` (0.20 calls it inline as
+#: an argument of the dispatch, 0.22-0.27 assign it) or upstream's phase-aware
+#: ``get_uniform_decode_token_count(`` (0.28+).
+_DRAFT_PREFILL_COUNT = re.compile(r"\bget_uniform_(?:decode_)?token_count\(")
+
+
 def speculator_classes() -> Iterator[tuple[str, str]]:
     """The release's speculators whose ``propose`` computes a draft-prefill count."""
     from vllm_graphsafe.registry import SourceReader
@@ -470,7 +531,7 @@ def speculator_classes() -> Iterator[tuple[str, str]]:
     sources = SourceReader()
     for module, name in SPECULATORS:
         body = sources.function(module, f"{name}.propose")
-        if body and "uniform_token_count = get_uniform" in body:
+        if body and _DRAFT_PREFILL_COUNT.search(body):
             yield module, name
 
 
@@ -567,7 +628,7 @@ def make_speculator(
 def propose(speculator: Any, batch: Any, *, dummy_run: bool = False) -> None:
     """Call the release's ``propose`` as the runner does, up to the recorder's stop."""
     num_reqs = batch.num_reqs
-    positional = (
+    positional: tuple[Any, ...] = (
         batch,
         {},  # attn_metadata
         {},  # slot_mappings
@@ -600,7 +661,7 @@ class Tripwire:
     __getitem__ = __array__ = __iter__ = __len__ = __bool__ = _touched
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __invert__ = _touched
     __and__ = __or__ = __rand__ = __ror__ = _touched
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as __eq__ is taken
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the draft-prefill scan read {self._name}.{name}")

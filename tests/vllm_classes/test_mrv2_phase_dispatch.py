@@ -10,8 +10,12 @@ keeps count W only when no scheduled request is still in prefill. A release
 whose attention metadata runs "one new prompt token over existing context" as
 a decode (0.28+: ``prefill_runs_as_decode_np``) may count such a row as decode.
 
-0.27.1 classifies by shape: with the plugin every case passes; with
-``VLLM_GRAPHSAFE_DISABLE=all`` every case marked ``regression`` fails.
+0.20.2, 0.22.1 and 0.27.1 classify by shape: with the plugin every case passes;
+with ``VLLM_GRAPHSAFE_DISABLE=all`` every case marked ``regression`` fails.
+0.20's input batch has no phase column: its draft-prefill cases run the
+release's real order (``any_prefills`` before the forward, ``postprocess``
+advancing the request states, then ``propose``), so a count read from the
+request states as ``propose`` finds them would fail them.
 0.32.0 classifies by phase natively (vllm-project/vllm#51865): everything
 passes either way, and the patch reports ``native``.
 """
@@ -46,6 +50,7 @@ from vllm_graphsafe.settings import read_settings
 PATCH_ID = "mrv2-phase-dispatch"
 WIDTHS = [1, 3, 4, 5, 7, 8, 16]
 RUNNER_MODULE = mrv2_state.RUNNER_MODULE
+STATES_MODULE = "vllm.v1.worker.gpu.states"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -459,7 +464,8 @@ def test_patch_state_follows_the_release_code() -> None:
 def _installed_version() -> str:
     import vllm
 
-    return vllm.__version__
+    version: str = vllm.__version__
+    return version
 
 
 @pytest.mark.parametrize("version", [_installed_version()])
@@ -679,6 +685,96 @@ def test_a_present_module_without_its_hook_point_fails_naming_it(
     assert symbol in patch.reason
 
 
+_PRE_STEP_RUNNER_SOURCE = (
+    _RUNNER_SOURCE
+    + """
+    def prepare_inputs(self, scheduler_output, batch_desc):
+        idx_mapping_np = None
+        if self.req_states.any_prefills(idx_mapping_np):
+            pass
+        return InputBatch(idx_mapping_np=idx_mapping_np)
+"""
+)
+#: 0.20's layout: no phase column in the batch, any_prefills asked pre-step.
+_PRE_STEP_SOURCES = {
+    RUNNER_MODULE: _PRE_STEP_RUNNER_SOURCE,
+    EAGLE: _speculator_source("EagleSpeculator"),
+    STATES_MODULE: _STATE_SOURCES[STATES_MODULE]
+    + """
+    def any_prefills(self, idx_mapping_np):
+        return False
+""",
+    "vllm.v1.worker.gpu.input_batch": """
+class InputBatch:
+    num_reqs: int
+    idx_mapping_np: object
+""",
+}
+
+
+def test_a_batch_without_phase_column_hooks_the_pre_step_question() -> None:
+    patch = decided(_PRE_STEP_SOURCES)
+
+    assert patch.state is PatchState.APPLIED, patch.reason
+    assert patch.hook_modules() == sorted({RUNNER_MODULE, EAGLE, STATES_MODULE})
+    assert f"{STATES_MODULE}.RequestState.any_prefills" in {
+        hook.symbol for hook in patch.hook_points()
+    }
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new", "named"),
+    [
+        pytest.param(
+            "vllm.v1.worker.gpu.input_batch",
+            "idx_mapping_np",
+            "idx_mapping_v2",
+            "idx_mapping_np",
+            id="batch-renames-idx_mapping_np",
+        ),
+        pytest.param(
+            STATES_MODULE,
+            "def any_prefills(self, idx_mapping_np)",
+            "def any_prefills(self, rows)",
+            "idx_mapping_np",
+            id="any_prefills-renames-its-parameter",
+        ),
+        pytest.param(
+            RUNNER_MODULE,
+            "self.req_states.any_prefills(idx_mapping_np)",
+            "self.req_states.has_prefills(idx_mapping_np)",
+            "is_prefilling_np",
+            id="prepare_inputs-stops-asking-any_prefills",
+        ),
+    ],
+)
+def test_the_pre_step_layout_drifting_fails_at_bind_naming_it(
+    module: str, old: str, new: str, named: str
+) -> None:
+    texts = dict(_PRE_STEP_SOURCES)
+    assert old in texts[module]
+    texts[module] = texts[module].replace(old, new)
+
+    patch = decided(texts)
+
+    assert patch.state is PatchState.FAILED
+    assert named in patch.reason
+
+
+def test_a_batch_with_its_phase_column_ignores_any_prefills() -> None:
+    texts = {
+        **_PRE_STEP_SOURCES,
+        "vllm.v1.worker.gpu.input_batch": _STATE_SOURCES[
+            "vllm.v1.worker.gpu.input_batch"
+        ],
+    }
+
+    patch = decided(texts)
+
+    assert patch.state is PatchState.APPLIED, patch.reason
+    assert patch.hook_modules() == sorted({RUNNER_MODULE, EAGLE})
+
+
 def test_phase_aware_runner_code_is_native() -> None:
     patch = decided({RUNNER_MODULE: _NATIVE_RUNNER_SOURCE})
 
@@ -709,8 +805,9 @@ def test_fixed_width_speculators_are_left_alone() -> None:
     present = [(m, n) for m, n in FIXED_WIDTH_SPECULATORS if sources.exists(m)]
     hooked_modules = {hook.module for hook in the_patch().hook_points()}
 
-    # Only the speculators known to classify a draft prefill by shape are hooked.
-    assert hooked_modules <= {RUNNER_MODULE} | {
+    # Only the speculators known to classify a draft prefill by shape are hooked
+    # (and, in 0.20, the request states' pre-step question).
+    assert hooked_modules <= {RUNNER_MODULE, STATES_MODULE} | {
         dispatcher.module for dispatcher in DRAFT_PREFILL_DISPATCHERS
     }
     # Releases before 0.24 have no DFlash: nothing more to check there.
@@ -773,15 +870,21 @@ def test_unreadable_request_state_gives_vllm_count_and_fails_the_patch(
 
 
 @pytest.mark.parametrize("speculator", SPECULATORS[:1], ids=SPECULATOR_IDS[:1])
-@pytest.mark.parametrize("name", ["is_prefilling_np"])
 def test_unreadable_draft_batch_state_gives_vllm_count_and_fails_the_patch(
     speculator: tuple[str, str],
-    name: str,
     applied_patch: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     width = 4
-    batch = input_batch(draft_step(fresh_prompts(width), width), **{name: None})
+    step = draft_step(fresh_prompts(width), width)
+    if mrv2_state.batch_has_phase_column():
+        name = "is_prefilling_np"
+        batch = input_batch(step, **{name: None})
+    else:
+        # 0.20: a batch whose rows vLLM was never asked about before its step.
+        name = "idx_mapping_np"
+        batch = input_batch(step)
+        batch.idx_mapping_np = batch.idx_mapping_np.copy()
     drafter, dispatch = make_speculator(*speculator, width - 1, monkeypatch)
 
     propose(drafter, batch)

@@ -4,20 +4,27 @@ The patch's facts (what, why, upstream, removal) are the fields of
 :class:`MRV2PhaseDispatchPatch`; ``vllm-graphsafe doctor --catalogue`` renders
 them.
 
-Binding: ``execute_model`` and each speculator's ``propose`` are replaced by
-versions that publish the step (runner and scheduler output, or speculator and
-input batch, plus ``dummy_run``) in a context variable. The module-level name
-``get_uniform_token_count`` is replaced in each calling module's namespace
-(never in ``cudagraph_utils``, so other callers keep the shape rule): vLLM's
-count decides first, and a uniform count is withdrawn while the published step
-holds a request in prefill.
+Why it binds there: ``get_uniform_token_count`` is replaced in each calling
+module's namespace, never in ``cudagraph_utils``, so other callers keep the shape
+rule; the callers themselves are replaced only to publish their step (runner and
+scheduler output, or speculator and input batch, plus ``dummy_run``) in a context
+variable that the count reads.
+
+Where the target's input batch carries no phase column (0.20: no
+``InputBatch.is_prefilling_np``), the draft prefill, which runs after the step
+has advanced the request states, takes the answer vLLM itself computed for the
+same batch before the forward: ``RequestState.any_prefills`` is replaced to
+remember its answer per ``idx_mapping_np`` (the array ``prepare_inputs`` also
+stores in the batch), and the draft count looks that answer up by identity.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +42,7 @@ from vllm_graphsafe.registry import (
     Requirement,
     SetsAttribute,
     SourceReader,
+    TakesParameters,
 )
 
 PATCH_ID = "mrv2-phase-dispatch"
@@ -114,6 +122,11 @@ _SHAPE_COUNT_PARAMETERS = ("num_reqs", "num_tokens", "max_query_len")
 
 STATES_MODULE = "vllm.v1.worker.gpu.states"
 INPUT_BATCH_MODULE = "vllm.v1.worker.gpu.input_batch"
+#: The batch's own pre-step phase column (0.22-0.27).
+BATCH_PHASE_COLUMN = "is_prefilling_np"
+#: vLLM's pre-step phase question, asked in ``prepare_inputs`` (0.20).
+PRE_STEP_QUESTION = "RequestState.any_prefills"
+PREPARE_INPUTS = "GPUModelRunner.prepare_inputs"
 
 _TARGET_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "graphsafe_mrv2_target_step", default=None
@@ -208,14 +221,103 @@ def draft_phase_reader() -> InPrefill:
     """Whether a row of the target's input batch was in prefill before this step.
 
     Reads the first ``num_reqs`` rows of ``is_prefilling_np``, the batch's
-    pre-step ``computed prefill < prefill_len`` per row, which every target
-    release's input batch carries (0.22 through 0.27).
+    pre-step ``computed prefill < prefill_len`` per row, which the target's
+    input batch carries from 0.22 through 0.27 (0.20's does not: see
+    :func:`pre_step_phase_reader`).
     """
 
     def input_batch_in_prefill(speculator: Any, input_batch: Any) -> bool:
         return bool(_any(input_batch.is_prefilling_np[: input_batch.num_reqs]))
 
     return input_batch_in_prefill
+
+
+# -- the pre-step answer, where the batch carries no phase column (0.20) --------
+
+
+class PreStepAnswers:
+    """What ``RequestState.any_prefills`` answered, by the batch it was asked about.
+
+    ``prepare_inputs`` asks about the step's ``idx_mapping_np`` before the
+    forward and stores that same array in the input batch, so the answer is
+    found again by identity once ``postprocess`` has advanced the request
+    states. The last ``depth`` answers are kept (holding their arrays, whose
+    identity cannot then be reused); a batch not among them is an error that
+    fails the patch open, never a guess.
+    """
+
+    def __init__(self, depth: int = 4) -> None:
+        self._answers: collections.deque[tuple[Any, bool]] = collections.deque(
+            maxlen=depth
+        )
+        self._lock = threading.Lock()
+
+    def remember(self, idx_mapping_np: Any, answer: Any) -> None:
+        with self._lock:
+            self._answers.append((idx_mapping_np, bool(answer)))
+
+    def answer_for(self, idx_mapping_np: Any) -> bool:
+        with self._lock:
+            for asked, answer in reversed(self._answers):
+                if asked is idx_mapping_np:
+                    return bool(answer)
+        raise LookupError(
+            f"{PRE_STEP_QUESTION} was not asked about this batch before its step"
+        )
+
+
+PRE_STEP_ANSWERS = PreStepAnswers()
+_PRE_STEP_PARAMETERS = ("self", "idx_mapping_np")
+
+
+def bind_pre_step_answers(
+    any_prefills: Callable[[Any, Any], Any], on_failure: OnFailure
+) -> Callable[[Any, Any], Any]:
+    """Factory of a :class:`ReplaceHook`: ``any_prefills``, remembering its answer."""
+    parameters = tuple(inspect.signature(any_prefills).parameters)
+    if parameters != _PRE_STEP_PARAMETERS:
+        raise TypeError(
+            f"{PRE_STEP_QUESTION} takes {parameters}, not the "
+            f"{_PRE_STEP_PARAMETERS} this patch binds to"
+        )
+    remember = PRE_STEP_ANSWERS.remember
+
+    @functools.wraps(any_prefills)
+    def remembering_any_prefills(self: Any, idx_mapping_np: Any) -> Any:
+        answer = any_prefills(self, idx_mapping_np)
+        try:
+            remember(idx_mapping_np, answer)
+        except Exception as error:
+            on_failure(error, f"{PRE_STEP_QUESTION}'s answer")
+        return answer
+
+    return remembering_any_prefills
+
+
+def pre_step_phase_reader() -> InPrefill:
+    """Whether a row of the target's input batch was in prefill before this step.
+
+    The answer ``any_prefills`` gave in ``prepare_inputs`` for this batch's
+    ``idx_mapping_np``, before the forward (0.20).
+    """
+    answer_for = PRE_STEP_ANSWERS.answer_for
+
+    def batch_was_in_prefill(speculator: Any, input_batch: Any) -> bool:
+        return answer_for(input_batch.idx_mapping_np)
+
+    return batch_was_in_prefill
+
+
+def batch_lacks_phase_column(sources: SourceReader) -> bool:
+    """The 0.20 layout: no phase column in the input batch, but vLLM's own
+    pre-step question in ``prepare_inputs``. Any other layout is read as one
+    whose batch carries the column (and fails naming it when it does not)."""
+    batch = sources.class_node(INPUT_BATCH_MODULE, "InputBatch")
+    if batch is not None and recognition.class_sets_attribute(
+        batch, BATCH_PHASE_COLUMN
+    ):
+        return False
+    return sources.calls(RUNNER_MODULE, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
 
 
 # -- the phase-aware count ----------------------------------------------------
@@ -299,6 +401,13 @@ bind_draft_count = _phase_aware_count(
     DRAFT_EVENT_PREFIX,
     "input_batch (num_reqs, is_prefilling_np)",
 )
+#: The same, where the batch has no phase column: vLLM's pre-step answer says it.
+bind_draft_count_pre_step = _phase_aware_count(
+    _DRAFT_STEP,
+    pre_step_phase_reader,
+    DRAFT_EVENT_PREFIX,
+    f"input_batch.idx_mapping_np and {PRE_STEP_QUESTION}'s pre-step answer for it",
+)
 
 
 def native_reason(sources: SourceReader) -> str | None:
@@ -326,7 +435,7 @@ class MRV2PhaseDispatchPatch(Patch):
                 "the CUDA graph and agrees it across DP ranks) is withdrawn while "
                 "a scheduled request is still in prefill, read from the request "
                 "states the step has just updated. Eagle/MTP draft prefill gets "
-                "the same rule from the target's pre-step phase arrays; draft "
+                "the same rule from the target batch's pre-step phase; draft "
                 "decode steps, fixed-width speculators (DFlash), dummy and capture "
                 "runs and genuine decode keep their count."
             ),
@@ -338,7 +447,9 @@ class MRV2PhaseDispatchPatch(Patch):
             ),
             binds_to=(
                 "`get_uniform_token_count` where `execute_model` and the "
-                "speculators call it (and those callers, to know the step)"
+                "speculators call it (and those callers, to know the step); "
+                "where the input batch has no `is_prefilling_np` (0.20), also "
+                "`RequestState.any_prefills`, to remember its pre-step answer"
             ),
             upstream=(
                 "vllm-project/vllm#51865",
@@ -359,13 +470,20 @@ class MRV2PhaseDispatchPatch(Patch):
                 RUNNER_MODULE, SHAPE_RULE, bind_target_count, caller=RUNNER_STEP
             ),
         ]
-        for dispatcher in draft_prefill_dispatchers(self.sources):
+        dispatchers = draft_prefill_dispatchers(self.sources)
+        draft_count = bind_draft_count
+        if dispatchers and batch_lacks_phase_column(self.sources):
+            draft_count = bind_draft_count_pre_step
+            hooks.append(
+                ReplaceHook(STATES_MODULE, PRE_STEP_QUESTION, bind_pre_step_answers)
+            )
+        for dispatcher in dispatchers:
             hooks += [
                 ReplaceHook(dispatcher.module, dispatcher.propose, bind_draft_step),
                 ReplaceHook(
                     dispatcher.module,
                     SHAPE_RULE,
-                    bind_draft_count,
+                    draft_count,
                     caller=dispatcher.propose,
                 ),
             ]
@@ -383,10 +501,24 @@ class MRV2PhaseDispatchPatch(Patch):
                 "index_to_req_id",
             )
         ]
-        if draft_prefill_dispatchers(self.sources):
+        if not draft_prefill_dispatchers(self.sources):
+            return reads
+        if batch_lacks_phase_column(self.sources):
+            reads += [
+                SetsAttribute(
+                    INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE
+                ),
+                TakesParameters(
+                    STATES_MODULE,
+                    PRE_STEP_QUESTION,
+                    ("idx_mapping_np",),
+                    SHAPE_RULE,
+                ),
+            ]
+        else:
             reads += [
                 SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", name, SHAPE_RULE)
-                for name in ("num_reqs", "is_prefilling_np")
+                for name in ("num_reqs", BATCH_PHASE_COLUMN)
             ]
         return reads
 
