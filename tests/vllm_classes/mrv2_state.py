@@ -204,6 +204,8 @@ def scheduler_output(reqs: dict[str, Req]) -> SimpleNamespace:
             new_block_ids=[None] * len(cached),
         ),
         new_block_ids_to_zero=None,
+        # 0.30 reads it (replacing tables on resumption); SchedulerOutput's default.
+        block_table_updates=None,
         kv_cache_block_copies=None,
         scheduled_encoder_inputs={},
         finished_req_ids=set(),
