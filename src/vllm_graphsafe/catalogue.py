@@ -72,11 +72,21 @@ def what_ci_runs(row: ReleaseRow) -> str:
     return "class-level tests, negative controls, engine tests"
 
 
+#: How the sweep records "every negative control failed its tests without the fix".
+_ALL_CONTROLS_FAILED = "all failed"
+
+
+def _said(key: str, value: object) -> str:
+    if key == "negative_controls" and value == _ALL_CONTROLS_FAILED:
+        return "each fails its tests without its fix"
+    return str(value)
+
+
 def what_the_sweep_ran(row: ReleaseRow) -> str:
     if not row.raw.get("installed", True):
         return f"not installed: {row.raw.get('why_not', '')}"
     parts = [
-        f"{label}: {row.raw[key]}"
+        f"{label}: {_said(key, row.raw[key])}"
         for label, key in (
             ("class tests", "class_tests"),
             ("negative controls", "negative_controls"),
@@ -85,7 +95,7 @@ def what_the_sweep_ran(row: ReleaseRow) -> str:
         if row.raw.get(key)
     ]
     if row.raw.get("why_not"):
-        parts.append(f"build: {row.raw['why_not']}")
+        parts.append(f"why this build: {row.raw['why_not']}")
     return "; ".join(parts)
 
 
