@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,16 +54,54 @@ def test_a_document_without_markers_is_bad_input(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def _count(text: str, word: str) -> int:
+    match = re.search(rf"(\d+) {word}", text)
+    return int(match.group(1)) if match else -1
+
+
+def _sweep_passed(row: dict[str, Any], patch_id: str) -> bool:
+    class_tests = row.get("class_tests", "")
+    return bool(
+        row.get("installed", False)
+        and row["patches"].get(patch_id) in {"applied", "native", "not applicable"}
+        and _count(class_tests, "passed") > 0
+        and _count(class_tests, "failed") == 0
+        and "error" not in class_tests
+        and row.get("negative_controls") == "all failed"
+    )
+
+
 def test_verified_releases_come_from_the_release_table() -> None:
     rows = json.loads(RELEASES.read_text())["rows"]
     for patch in all_patches():
         expected = tuple(
             f"{row['distribution']} {row['version']}"
             for row in rows
-            if row["ci"] and patch.id in row["patches"]
+            if patch.id in row["patches"]
+            and (row["ci"] or _sweep_passed(row, patch.id))
         )
         assert patch.verified_on == expected
         assert expected, f"{patch.id} is verified nowhere"
+
+
+def test_a_failing_sweep_row_verifies_nothing() -> None:
+    from vllm_graphsafe.releases import ReleaseRow, sweep_verified
+
+    def row(**raw: Any) -> ReleaseRow:
+        base: dict[str, Any] = {
+            "installed": True,
+            "class_tests": "478 passed, 0 failed, 4 skipped",
+            "negative_controls": "all failed",
+            "patches": {"p": "applied"},
+        }
+        base.update(raw)
+        return ReleaseRow("vllm", "0.0.0", dict(base["patches"]), False, base)
+
+    assert sweep_verified(row(), "p")
+    assert not sweep_verified(row(class_tests="210 passed, 268 failed, 4 skipped"), "p")
+    assert not sweep_verified(row(patches={"p": "failed"}), "p")
+    assert not sweep_verified(row(negative_controls="v1 control: 2 of 4"), "p")
+    assert not sweep_verified(row(installed=False), "p")
 
 
 def test_ci_releases_have_a_row_each() -> None:
