@@ -83,6 +83,29 @@ class LiveServer:
         return text
 
 
+def patch_states(text: str) -> dict[tuple[str, str], float]:
+    """``graphsafe_patch_state`` of one scrape, by (patch, state)."""
+    return {
+        (sample.labels["patch"], sample.labels["state"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "graphsafe_patch_state"
+        for sample in family.samples
+    }
+
+
+def kept_off_around_a_prompt(live: LiveServer) -> tuple[float, float]:
+    """The kept-off total before the server's K+1 prompt and once it has moved
+    (or after 10 s)."""
+    before = kept_off_on_metrics(live.scrape())
+    live.complete()
+    deadline = time.monotonic() + 10
+    after = before
+    while time.monotonic() < deadline and after == before:
+        time.sleep(0.25)
+        after = kept_off_on_metrics(live.scrape())
+    return before, after
+
+
 def kept_off_on_metrics(text: str) -> float:
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -203,20 +226,9 @@ def started(
 def test_kept_off_counter_on_metrics_rises_by_the_decisions_made(
     live: LiveServer,
 ) -> None:
-    before = kept_off_on_metrics(live.scrape())
-    live.complete()
-    deadline = time.monotonic() + 10
-    after = before
-    while time.monotonic() < deadline and after == before:
-        time.sleep(0.25)
-        after = kept_off_on_metrics(live.scrape())
+    before, after = kept_off_around_a_prompt(live)
     assert after - before == 1
-    states = {
-        (sample.labels["patch"], sample.labels["state"]): sample.value
-        for family in text_string_to_metric_families(live.scrapes[-1])
-        if family.name == "graphsafe_patch_state"
-        for sample in family.samples
-    }
+    states = patch_states(live.scrapes[-1])
     # API server, engine core and worker all report the V1 patch applied.
     assert states[(PATCH, "applied")] == 3
     assert states[(PATCH, "failed")] == 0
@@ -308,13 +320,7 @@ def test_with_two_api_servers_every_scrape_has_the_totals_once(
     two_api_servers: LiveServer,
 ) -> None:
     live = two_api_servers
-    before = kept_off_on_metrics(live.scrape())
-    live.complete()
-    deadline = time.monotonic() + 10
-    after = before
-    while time.monotonic() < deadline and after == before:
-        time.sleep(0.25)
-        after = kept_off_on_metrics(live.scrape())
+    before, after = kept_off_around_a_prompt(live)
     assert after - before == 1
     # Whichever of the two processes answers, the same total: nothing twice.
     for _ in range(8):
@@ -325,12 +331,7 @@ def test_with_two_api_servers_every_scrape_has_the_totals_once(
     records = read_process_files(metrics_dir)
     names = sorted(str(record.get("process_name")) for record in records)
     assert {"ApiServer_0", "ApiServer_1"} <= set(names), names
-    states = {
-        (sample.labels["patch"], sample.labels["state"]): sample.value
-        for family in text_string_to_metric_families(live.scrapes[-1])
-        if family.name == "graphsafe_patch_state"
-        for sample in family.samples
-    }
+    states = patch_states(live.scrapes[-1])
     applied = [r for r in records if r["patches"].get(PATCH) == "applied"]
     assert states[(PATCH, "applied")] == len(applied) >= 5, names
     assert states[(PATCH, "failed")] == 0

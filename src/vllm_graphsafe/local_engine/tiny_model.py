@@ -231,36 +231,45 @@ def _write_tokenizer(out_dir: Path) -> None:
     _write_json(out_dir / "special_tokens_map.json", special_tokens_map)
 
 
-def qwen3_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
-    """The ``config.json`` payload, in the schema of transformers' ``Qwen3Config``."""
+def _decoder_config(
+    architecture: str, model_type: str, vocab_size: int, token_ids: dict[str, int]
+) -> dict[str, Any]:
+    """The ``config.json`` keys both tiny models share (sizes, rope, tokens)."""
     return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_hidden_layers": NUM_LAYERS,
         "num_attention_heads": NUM_ATTENTION_HEADS,
         "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "initializer_range": WEIGHT_STD,
         "rms_norm_eps": 1e-6,
         "rope_theta": ROPE_THETA,
         "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
-        "attention_bias": False,
         "attention_dropout": 0.0,
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": NUM_LAYERS,
-        "layer_types": ["full_attention"] * NUM_LAYERS,
         "tie_word_embeddings": True,
         "use_cache": True,
         "bos_token_id": token_ids[BOS_TOKEN],
         "eos_token_id": token_ids[EOS_TOKEN],
         "pad_token_id": token_ids[PAD_TOKEN],
         "dtype": "float32",
+    }
+
+
+def qwen3_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
+    """The ``config.json`` payload, in the schema of transformers' ``Qwen3Config``."""
+    return {
+        **_decoder_config("Qwen3ForCausalLM", "qwen3", vocab_size, token_ids),
+        "head_dim": HEAD_DIM,
+        "attention_bias": False,
+        "layer_types": ["full_attention"] * NUM_LAYERS,
     }
 
 
@@ -322,24 +331,7 @@ def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, An
     ``mlp_only_layers`` lists every layer, so each layer runs a dense MLP.
     """
     return {
-        "architectures": ["Qwen2MoeForCausalLM"],
-        "model_type": "qwen2_moe",
-        "vocab_size": vocab_size,
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": INTERMEDIATE_SIZE,
-        "num_hidden_layers": NUM_LAYERS,
-        "num_attention_heads": NUM_ATTENTION_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
-        "initializer_range": WEIGHT_STD,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": ROPE_THETA,
-        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
-        "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": NUM_LAYERS,
+        **_decoder_config("Qwen2MoeForCausalLM", "qwen2_moe", vocab_size, token_ids),
         "num_experts": NUM_EXPERTS,
         "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
         "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
@@ -349,12 +341,6 @@ def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, An
         "norm_topk_prob": False,
         "output_router_logits": False,
         "router_aux_loss_coef": 0.001,
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "bos_token_id": token_ids[BOS_TOKEN],
-        "eos_token_id": token_ids[EOS_TOKEN],
-        "pad_token_id": token_ids[PAD_TOKEN],
-        "dtype": "float32",
     }
 
 
