@@ -42,6 +42,10 @@ Classification cost (benchmark 1)
                   stays inert: the ``max()`` and ``gather_batch_req_state``,
                   as ``execute_model`` runs them.
 
+The patches count their decisions as in a served process: into counts pages
+in two directories (the metrics directory and a statistics directory), with
+the record writer thread running.
+
 Writes JSON to ``--out``; vLLM logs to stdout, so nothing else goes there.
 """
 
@@ -545,6 +549,23 @@ def measure_dispatch(
     }
 
 
+@contextmanager
+def counting_as_a_server_does() -> Iterator[int]:
+    """The patches count into counts pages, as in a served process: the metrics
+    directory every server has and a ``GRAPHSAFE_STATS_DIR``, with the record
+    writer running. Yields the number of pages."""
+    import tempfile
+
+    from vllm_graphsafe import stats
+
+    with (
+        tempfile.TemporaryDirectory(prefix="graphsafe-bench-metrics-") as metrics,
+        tempfile.TemporaryDirectory(prefix="graphsafe-bench-stats-") as stats_dir,
+    ):
+        stats.STATS.configure(metrics, stats_dir)
+        yield len(stats.STATS.directories)
+
+
 def vllm_version() -> str:
     import vllm
 
@@ -570,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     result["runner_imports"] = time_runner_imports()
     if not args.plugin_only:
         sizes = tuple(int(size) for size in args.sizes.split(","))
-        result["dispatch"] = measure_dispatch(sizes, args.rounds, args.target_ms / 1e3)
+        with counting_as_a_server_does() as pages:
+            dispatch = measure_dispatch(sizes, args.rounds, args.target_ms / 1e3)
+        result["dispatch"] = {**dispatch, "counts_pages": pages}
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -391,8 +391,14 @@ def dispatch_markdown(results: dict[str, Any]) -> list[str]:
         f"{first['stale_rows']} more rows, live and mid-prefill, not scheduled). "
         "Each rule runs the way its runner runs it, on the release's own classes "
         "and the class tests' fakes of its request state; the phase rules are what "
-        "the patches' hook factories make of vLLM's own rule. "
-        f"{first['rounds']} interleaved rounds, each sample "
+        "the patches' hook factories make of vLLM's own rule"
+        + (
+            f", counting each decision into {first['counts_pages']} counts pages "
+            "as a served process does (metrics and statistics directories). "
+            if first.get("counts_pages")
+            else ". "
+        )
+        + f"{first['rounds']} interleaved rounds, each sample "
         f"~{first['target_ms']:.0f} ms of repeated calls; differences and shares "
         "are paired within rounds.",
         "",

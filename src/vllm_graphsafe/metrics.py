@@ -28,8 +28,10 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -37,7 +39,13 @@ from typing import Any
 
 from vllm_graphsafe.registry import PatchState
 from vllm_graphsafe.settings import METRICS_DIR_ENV, read_settings
-from vllm_graphsafe.stats import ROLE_API_SERVER, process_role, read_records_leniently
+from vllm_graphsafe.stats import (
+    ROLE_API_SERVER,
+    ROLE_ENGINE_CORE,
+    ROLE_WORKER,
+    process_role,
+    read_records_leniently,
+)
 
 DECISIONS = "graphsafe_dispatch_decisions"
 DECISIONS_HELP = (
@@ -67,6 +75,9 @@ MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 logger = logging.getLogger("vllm.graphsafe")
 
+#: Tries at removing the directory at exit, 0.1 s apart.
+REMOVAL_ATTEMPTS = 20
+
 _prepared_in_pid: int | None = None
 _prepared_directory: Path | None = None
 _warned = False
@@ -77,6 +88,15 @@ def is_root_process() -> bool:
     to serve ``/metrics``, not an engine process nor an API server vLLM spawned."""
     name = multiprocessing.current_process().name
     return process_role(name) == ROLE_API_SERVER and not is_spawned_api_server()
+
+
+def serves_vllm() -> bool:
+    """Whether this process is one of vLLM's serving processes below the root:
+    an engine core, a worker, or an API server vLLM spawned. Others that inherit
+    the directory (vLLM's model-inspection subprocess, a script started from the
+    server's environment) stay out of ``/metrics``."""
+    role = process_role(multiprocessing.current_process().name)
+    return role in (ROLE_ENGINE_CORE, ROLE_WORKER) or is_spawned_api_server()
 
 
 def is_spawned_api_server() -> bool:
@@ -95,23 +115,36 @@ def prepare_metrics_directory() -> Path | None:
     _prepared_in_pid = os.getpid()
     _prepared_directory = None
     if is_root_process():
-        try:
-            directory = Path(tempfile.mkdtemp(prefix="graphsafe-metrics-"))
-        except OSError:
+        directory = _created_with_removal_at_exit()
+        if directory is None:
             return None
         os.environ[METRICS_DIR_ENV] = str(directory)
-        atexit.register(_remove_directory, directory, os.getpid())
         register_collector(directory)
         if os.environ.get(MULTIPROC_DIR_ENV):  # set by the operator: served instead
             serve_with_multiprocess_collector(directory)
         _prepared_directory = directory
         return directory
     inherited = read_settings().metrics_dir
-    if inherited and is_private_directory(Path(inherited)):
+    if inherited and serves_vllm() and is_private_directory(Path(inherited)):
         _prepared_directory = Path(inherited)
         if is_spawned_api_server():
             serve_with_multiprocess_collector(_prepared_directory)
     return _prepared_directory
+
+
+def _created_with_removal_at_exit() -> Path | None:
+    """A new private directory, its removal at exit registered before any
+    SIGINT or SIGTERM can end the process in between."""
+    deferred = {signal.SIGINT, signal.SIGTERM}
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="graphsafe-metrics-"))
+        atexit.register(_remove_directory, directory, os.getpid())
+    except OSError:
+        return None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return directory
 
 
 def is_private_directory(path: Path) -> bool:
@@ -128,8 +161,15 @@ def is_private_directory(path: Path) -> bool:
 
 
 def _remove_directory(directory: Path, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:
+    # Engine processes signalled with this one may still be writing their last
+    # records into it: remove what they add until the directory itself is gone.
+    if os.getpid() != owner_pid:
+        return
+    for _ in range(REMOVAL_ATTEMPTS):
         shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            return
+        time.sleep(0.1)
 
 
 def register_collector(directory: Path) -> bool:

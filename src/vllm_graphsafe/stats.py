@@ -1,11 +1,14 @@
 """Per-process dispatch decision counters, readable from outside the process.
 
 Each process counts its decisions in memory: ``count(event)`` is one dictionary
-increment, nothing more. Where a directory is configured (``GRAPHSAFE_STATS_DIR``
-for doctor and probe, and the private directory behind ``/metrics``), a daemon
-thread writes this process's record there within a second of a change, and the
-record is written once more when the process ends (normal exit, SIGTERM or
-SIGINT, after which vLLM's own handler runs as before).
+increment, nothing more, until a directory is configured (``GRAPHSAFE_STATS_DIR``
+for doctor and probe, and the private directory behind ``/metrics``). From then
+on each count is also stored in the process's counts page there (one memory
+write into a shared file mapping, see :mod:`vllm_graphsafe.counts_page`), which
+outlives even SIGKILL; a daemon thread writes the process's record (identity,
+patch states, counts) within a second of a change, and once more when the
+process ends (normal exit, SIGTERM or SIGINT, after which vLLM's own handler
+runs as before). Readers take each count from the page where it is ahead.
 
 A record identifies its process by pid, parent pid, role and DP rank, never by
 its command line (which can hold an API key). Files are created with mode 0600
@@ -35,6 +38,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from vllm_graphsafe.counts_page import (
+    CountsPage,
+    merged_counts,
+    page_beside,
+    read_counts_page,
+    remove_page,
+)
 from vllm_graphsafe.settings import read_settings
 
 logger = logging.getLogger("vllm.graphsafe")
@@ -50,11 +60,12 @@ NON_UNIFORM = "non_uniform"
 #: Dummy runs whose metadata the staging patch made consistent.
 STAGED_DUMMY = "staged_dummy"
 
-#: How often the writer thread looks for new counts. Short, because vLLM 0.32's
-#: API server answers SIGTERM by killing its engine core and workers at once
-#: (SIGKILL, nothing runs there): counts must already be on disk by then.
-#: A look costs a few microseconds; a write happens only when a count changed.
-WRITE_INTERVAL_S = 0.02
+#: How often the writer thread looks for new counts. The counts pages already
+#: hold every count (vLLM 0.32 SIGKILLs its engine core and workers on SIGTERM,
+#: with no time to write): the record is for patch states and for readers of the
+#: record alone, so a look every quarter second is enough. A look costs a few
+#: microseconds; a write happens only when a count changed.
+WRITE_INTERVAL_S = 0.25
 #: How often it also compares the whole record (patch states change rarely).
 FULL_CHECK_INTERVAL_S = 0.5
 
@@ -182,20 +193,60 @@ class DispatchStats:
         self._exit_hooks_installed = False
         self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
         self._pending_announcement: tuple[logging.Logger, str] | None = None
+        #: These three are mutated in place only: counters handed out hold them.
+        self._pages: list[CountsPage] = []
+        self._page_in: dict[Path, CountsPage] = {}
+        #: Each page's counts, as 8-byte integers by slot.
+        self._page_values: list[memoryview] = []
+        #: Each event's slot in every page, by patch; -1 where the pages are full.
+        self._slots: dict[str, dict[str, int]] = defaultdict(dict)
+        self._page_lock = threading.Lock()
 
-    # -- the per-step path: a dictionary increment ----------------------------
+    # -- the per-step path: a dictionary increment, and a store into the page --
 
     def count(self, patch_id: str, event: str) -> None:
-        self.counts[patch_id][event] += 1
+        self.counter(patch_id)(event)
 
     def counter(self, patch_id: str) -> Callable[[str], None]:
         """``count`` bound to one patch, for the per-step path."""
         events = self.counts[patch_id]
+        page_values = self._page_values
+        slots = self._slots[patch_id]
+        add_slot = self._add_slot
 
         def count(event: str) -> None:
-            events[event] += 1
+            value = events[event] + 1
+            events[event] = value
+            if page_values:
+                slot = slots.get(event)
+                if slot is None:
+                    slot = add_slot(patch_id, event)
+                if slot >= 0:
+                    for values in page_values:
+                        values[slot] = value
 
         return count
+
+    def _add_slot(self, patch_id: str, event: str) -> int:
+        with self._page_lock:
+            slot = self._slots[patch_id].get(event)
+            if slot is None:
+                added = {page.add_slot(patch_id, event) for page in self._pages}
+                slot = added.pop() if len(added) == 1 else None
+                slot = -1 if slot is None else slot
+                self._slots[patch_id][event] = slot
+            return slot
+
+    def _store_all(self) -> None:
+        """Put every in-memory count into every page."""
+        for patch_id, events in list(self.counts.items()):
+            for event, value in list(events.items()):
+                slot = self._slots[patch_id].get(event)
+                if slot is None:
+                    slot = self._add_slot(patch_id, event)
+                if slot >= 0:
+                    for values in self._page_values:
+                        values[slot] = value
 
     # -- everything else ------------------------------------------------------
 
@@ -208,6 +259,11 @@ class DispatchStats:
         # Counters handed out by counter() keep their dictionaries.
         for events in self.counts.values():
             events.clear()
+        for slots in self._slots.values():
+            for slot in slots.values():
+                if slot >= 0:
+                    for values in self._page_values:
+                        values[slot] = 0
 
     @property
     def directories(self) -> list[Path]:
@@ -218,9 +274,47 @@ class DispatchStats:
         for directory in directories:
             if directory and Path(directory) not in self._directories:
                 self._directories.append(Path(directory))
+                self._map_page(Path(directory))
         if self._directories:
             self._start_writer()
             self._install_exit_hooks()
+
+    def _map_page(self, directory: Path) -> None:
+        """Add a counts page in ``directory``, holding every count made so far."""
+        with self._page_lock:
+            pid = os.getpid()
+            try:
+                page = CountsPage.create(directory, pid, lambda: temporary_name(pid))
+            except (OSError, ValueError):
+                return  # the record still carries the counts
+            named = sorted(
+                (slot, patch_id, event)
+                for patch_id, slots in self._slots.items()
+                for event, slot in slots.items()
+                if slot >= 0
+            )
+            for slot, patch_id, event in named:
+                if page.add_slot(patch_id, event) != slot:
+                    page.close()
+                    return
+            self._pages.append(page)
+            self._page_values.append(page.values)
+            self._page_in[directory] = page
+        self._store_all()
+
+    def _drop_page(self, directory: Path) -> None:
+        """Stop storing into ``directory``'s page and remove it.
+
+        The mapping is left to the garbage collector: the step thread may be
+        storing into it at this moment.
+        """
+        with self._page_lock:
+            page = self._page_in.pop(directory, None)
+            if page is None:
+                return
+            self._pages.remove(page)
+            self._page_values.remove(page.values)
+        remove_page(directory, os.getpid())
 
     def record(self) -> dict[str, Any]:
         name = multiprocessing.current_process().name
@@ -252,6 +346,7 @@ class DispatchStats:
                     write_private_file(directory, f"{os.getpid()}.json", data)
                 except OSError as error:
                     self._directories.remove(directory)
+                    self._drop_page(directory)
                     self.on_write_error(directory, error)
                     continue
                 self._last_written[directory] = key
@@ -323,7 +418,18 @@ class DispatchStats:
         self._last_written = {}
         self._exit_hooks_installed = False
         self._pending_announcement = None
-        self.reset()
+        # The parent's mappings are shared: unmap them here, never store into them.
+        self._page_values.clear()
+        for page in self._pages:
+            with contextlib.suppress(BufferError, ValueError):
+                page.close()
+        self._pages.clear()
+        self._page_in.clear()
+        for slots in self._slots.values():
+            slots.clear()
+        self._page_lock = threading.Lock()
+        for events in self.counts.values():
+            events.clear()
 
 
 def _can_log_info(target: logging.Logger) -> bool:
@@ -495,7 +601,13 @@ def _read_record(file: Path) -> dict[str, Any]:
             f"The statistics file {file} is not a vllm-graphsafe statistics record "
             f"({problem})."
         )
-    return dict(record)
+    return with_page_counts(record, file)
+
+
+def with_page_counts(record: Mapping[str, Any], file: Path) -> dict[str, Any]:
+    """``record`` with each count raised to what its process's page holds."""
+    stored = read_counts_page(page_beside(file))
+    return {**record, "counts": merged_counts(record.get("counts", {}), stored)}
 
 
 def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -511,7 +623,7 @@ def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, 
         except (OSError, ValueError):
             continue
         if check_record(record) is None:
-            records.append(dict(record))
+            records.append(with_page_counts(record, file))
     return records
 
 

@@ -10,15 +10,13 @@ prompt tokens?); the decision is what reached vLLM's CUDA graph dispatcher
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.scripts import json_lines, run_python
 from vllm_graphsafe.backport.verify import copy_package
 from vllm_graphsafe.cli.main import main
 
@@ -57,20 +55,11 @@ def steps_from_edited_tree(
         "PYTHONPATH": str(tree),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
-    result = subprocess.run(
-        [sys.executable, "-c", LAUNCHER, str(SCRIPT), str(tiny_model)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    imported = json.loads(lines[0])["vllm_file"]
+    result = run_python(["-c", LAUNCHER, str(SCRIPT), str(tiny_model)], env, 600)
+    answers = json_lines(result.stdout)
+    imported = answers[0]["vllm_file"]
     assert Path(imported).resolve().is_relative_to(tree.resolve()), imported
-    steps: dict[str, Any] = json.loads(lines[-1])
-    return steps
+    return answers[-1]
 
 
 def test_prefill_steps_of_decode_shape_stay_off_the_decode_graph(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.scripts import last_answer
 
 SWITCH = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
 
@@ -33,16 +32,7 @@ print(json.dumps(seen))
 def test_never_loaded_unless_switched_on() -> None:
     env = {k: v for k, v in os.environ.items() if k != SWITCH}
     env["GRAPHSAFE_DISABLE"] = "all"
-    result = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    seen = last_answer(["-c", _PROBE], env, timeout=300)
     # [imported, waiting for the runner] after each value, in this order.
     assert seen == {
         "unset": [False, False],

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.scripts import last_answer
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine.launcher import LocalServer, ServerStartError
 
@@ -76,14 +75,4 @@ def run_engine_script(script: Path, model_dir: Path, plugin: bool) -> dict[str, 
     env.pop("VLLM_GRAPHSAFE_DISABLE", None)
     if not plugin:
         env["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    result = subprocess.run(
-        [sys.executable, str(script), str(model_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    record: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return record
+    return last_answer([str(script), str(model_dir)], env)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.scripts import run_python
 
 pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("drift_steps.py")
@@ -28,15 +28,7 @@ def run(model_dir: Path, mode: str, plugin: bool) -> dict[str, Any]:
         env.pop(name, None)
     if not plugin:
         env["GRAPHSAFE_DISABLE"] = env["VLLM_GRAPHSAFE_DISABLE"] = "all"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(model_dir), mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_python([str(SCRIPT), str(model_dir), mode], env, timeout=600)
     record: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     record["log"] = result.stdout + result.stderr
     return record

@@ -8,14 +8,13 @@ the dispatcher), never from the emulator.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.scripts import last_answer
 
 pytestmark = pytest.mark.engine
 
@@ -32,17 +31,7 @@ def _run(model_dir: Path, emulate: bool) -> dict[str, Any]:
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GRAPHSAFE_DISABLE="all")
     if emulate:
         env["GRAPHSAFE_EMULATE_GRAPH_HAZARD"] = "1"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(model_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return last_answer([str(SCRIPT), str(model_dir)], env, timeout=900)
 
 
 @pytest.fixture(scope="module")

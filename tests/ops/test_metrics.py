@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,12 @@ from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_graphsafe import metrics
-from vllm_graphsafe.stats import ROLE_API_SERVER
+from vllm_graphsafe.stats import (
+    ROLE_API_SERVER,
+    ROLE_ENGINE_CORE,
+    ROLE_MAIN,
+    ROLE_WORKER,
+)
 
 KEPT = "prefill_kept_off_decode_graph"
 PATCHES = {"v1-phase-dispatch": "applied", "mrv2-phase-dispatch": "native"}
@@ -290,3 +297,54 @@ def test_the_real_vllm_registry_in_multiprocess_mode_has_the_counts(
     registry = vllm_prometheus.get_prometheus_registry()
     assert registry is not prometheus_client.REGISTRY
     assert kept_off(registry) == 7
+
+
+@pytest.mark.usefixtures("fresh_state")
+@pytest.mark.parametrize(
+    ("name", "role", "joins"),
+    [
+        ("EngineCore", ROLE_ENGINE_CORE, True),
+        ("VllmWorker-0", ROLE_WORKER, True),
+        # vLLM's model-inspection subprocess: it loads the plugin, serves nothing.
+        ("MainProcess", ROLE_MAIN, False),
+    ],
+)
+def test_only_vllms_serving_processes_join_the_inherited_directory(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    role: str,
+    joins: bool,
+) -> None:
+    inherited = tmp_path / "records"
+    inherited.mkdir(mode=0o700)
+    monkeypatch.setenv("GRAPHSAFE_METRICS_DIR", str(inherited))
+    monkeypatch.setattr(metrics, "process_role", lambda _: role)
+    monkeypatch.setattr(multiprocessing.current_process(), "name", name)
+    assert metrics.prepare_metrics_directory() == (inherited if joins else None)
+
+
+def test_the_directory_is_removed_though_a_late_record_lands_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine process signalled with the API server writes its last record
+    while the directory is being removed: the first removal leaves it there."""
+    directory = tmp_path / "graphsafe-metrics-x"
+    directory.mkdir(mode=0o700)
+    (directory / "1.json").write_text("{}")
+    real_rmtree = shutil.rmtree
+    calls = []
+
+    def racing_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            (Path(path) / "2.json").write_text("{}")  # lands before the rmdir
+            with contextlib.suppress(OSError):
+                os.unlink(Path(path) / "1.json")
+            return
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", racing_rmtree)
+    metrics._remove_directory(directory, os.getpid())
+    assert not directory.exists()
+    assert len(calls) == 2

@@ -31,7 +31,7 @@ def child(
     """A Python child running ``code`` with the project's package and ``env``."""
     process = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        env={**os.environ, **env},
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,6 +68,16 @@ def wait_for_line(process: subprocess.Popen[str], expected: str) -> None:
     )
 
 
+def wait_or_show_where_it_hangs(process: subprocess.Popen[str], timeout: float) -> None:
+    """Wait for ``process``; past ``timeout``, fail with its threads' stacks."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # faulthandler prints every thread
+        _, stderr = process.communicate(timeout=30)
+        pytest.fail(f"the child outlived {timeout} s after the signal:\n{stderr}")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_counts_are_flushed_when_the_process_is_signalled(
     tmp_path: Path, signum: int
@@ -82,7 +92,7 @@ def test_counts_are_flushed_when_the_process_is_signalled(
     )
     wait_for_line(process, "counted")
     process.send_signal(signum)
-    process.wait(timeout=60)
+    wait_or_show_where_it_hangs(process, 60)
     # Python's own handling of the signal still happens after the flush.
     assert process.returncode in (-signum, 1), process.stderr
     if signum == signal.SIGINT:
@@ -204,8 +214,10 @@ def test_files_are_0600_and_a_created_directory_is_0700(tmp_path: Path) -> None:
     process = child(code, {"GRAPHSAFE_STATS_DIR": str(stats_dir)})
     assert process.returncode == 0
     assert stat.S_IMODE(stats_dir.stat().st_mode) == 0o700
-    (file,) = stats_dir.iterdir()
-    assert stat.S_IMODE(file.stat().st_mode) == 0o600
+    files = sorted(file.name for file in stats_dir.iterdir())
+    assert files == [f"{process.pid}.counts", f"{process.pid}.json"]
+    for file in stats_dir.iterdir():
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
 
 
 @pytest.mark.parametrize(
@@ -225,7 +237,7 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
     final = directory / f"{os.getpid()}.json"
     link = directory / planted.format(pid=os.getpid())
     link.symlink_to(target)
-    names = iter([".planted.tmp", ".fresh.tmp"])
+    names = iter([".planted.tmp", ".fresh.tmp", ".planted.tmp", ".fresh-2.tmp"])
     monkeypatch.setattr(stats, "temporary_name", lambda pid: next(names))
     errors: list[OSError] = []
     counters = DispatchStats()
@@ -241,11 +253,15 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
     assert link.is_symlink()
     if refused:
         assert len(errors) == 1 and isinstance(errors[0], stats.UnsafeTargetError)
-        assert [p.name for p in directory.iterdir()] == [link.name]  # no temporary
+        # No temporary, and no counts page: nothing of it is left there.
+        assert [p.name for p in directory.iterdir()] == [link.name]
         assert counters.directories == []  # it stops writing there
     else:
         assert errors == []
-        assert sorted(p.name for p in directory.iterdir()) == [link.name, final.name]
+        page = final.with_suffix(".counts")
+        assert sorted(p.name for p in directory.iterdir()) == sorted(
+            [link.name, final.name, page.name]
+        )
         assert not final.is_symlink()
         assert stat.S_IMODE(final.stat().st_mode) == 0o600
         record = json.loads(final.read_text())

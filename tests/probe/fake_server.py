@@ -98,6 +98,8 @@ class FakeVllm:
         self.config = config
         self.log = ServerLog()
         self.stopping = threading.Event()
+        #: Set once a completion request has arrived (and may be hanging).
+        self.completion_arrived = threading.Event()
         self._lock = threading.Lock()
         self._seen_prompts: set[tuple[int, ...]] = set()
         self._active: list[dict[str, bool]] = []
@@ -231,6 +233,7 @@ class FakeHandler(BaseHTTPRequestHandler):
 
     def complete(self, body: dict[str, Any]) -> None:
         config = self.fake.config
+        self.fake.completion_arrived.set()
         if config.completion_hang_s:
             self.fake.stopping.wait(config.completion_hang_s)
         if config.drop_completions:

@@ -6,9 +6,9 @@ Nothing is sent to the server when an argument is wrong, and no traceback shows.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,13 +158,24 @@ def test_help_documents_every_exit_status(capsys: pytest.CaptureFixture[str]) ->
 def test_ctrl_c_ends_the_probe_in_one_sentence(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    with RunningFakeServer(FakeConfig(completion_hang_s=10)) as server:
-        interrupt.start()
-        try:
-            result = run_probe(capsys, tmp_path, server.url, with_report=False)
-        finally:
-            interrupt.cancel()
+    # Ctrl-C while the probe waits on a completion that hangs far longer than
+    # a loaded machine could delay the signal (and than the probe's timeout).
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None
+    probe_thread: int = main_thread
+    with RunningFakeServer(FakeConfig(completion_hang_s=120)) as server:
+
+        def interrupt_once_waiting() -> None:
+            if server.fake.completion_arrived.wait(60):
+                time.sleep(0.2)
+                signal.pthread_kill(probe_thread, signal.SIGINT)
+
+        interrupter = threading.Thread(target=interrupt_once_waiting, daemon=True)
+        interrupter.start()
+        result = run_probe(
+            capsys, tmp_path, server.url, "--timeout", "90", with_report=False
+        )
+        interrupter.join(timeout=1)
 
     assert result.status == errors.EXIT_INTERRUPTED
     assert_one_sentence(result.stderr, "Interrupted")

@@ -1,0 +1,187 @@
+"""A process's counters in a shared file mapping, on disk the moment they change.
+
+vLLM 0.32's API server answers SIGTERM by killing its engine core and workers
+at once (SIGKILL), so nothing runs there at exit and a record written by a
+thread can be a few milliseconds behind. Each count is therefore also stored
+in ``<pid>.counts``, a small file mapped ``MAP_SHARED`` beside ``<pid>.json``:
+a store into the mapping is in the kernel's page cache at once and outlives
+the process, whatever kills it. Storing costs one memory write, no system call.
+
+Layout (one page, native byte order, read on the same host):
+
+- ``MAGIC``;
+- at ``LAYOUT_AT``, a 4-byte length and the JSON list of ``[patch, event]``
+  names, one per slot, which only grows;
+- at ``VALUES_AT``, one 8-byte count per slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import stat
+import struct
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+MAGIC = b"graphsafe-counts-1\n\0"
+LAYOUT_AT = 32
+VALUES_AT = 2048
+PAGE_SIZE = 4096
+SLOTS = (PAGE_SIZE - VALUES_AT) // 8
+SUFFIX = ".counts"
+_LENGTH = struct.Struct("=I")
+_FILE_MODE = 0o600
+
+
+class CountsPage:
+    """``<pid>.counts`` in one directory, mapped into this process."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self._mapping = mapping
+        #: The counts by slot; a store here is the whole cost of counting.
+        self.values = memoryview(mapping)[VALUES_AT:PAGE_SIZE].cast("Q")
+        self._names: list[list[str]] = []
+
+    @classmethod
+    def create(
+        cls, directory: Path, pid: int, temporary_name: Callable[[], str]
+    ) -> CountsPage:
+        """Map a fresh, zeroed page at ``directory/<pid>.counts``.
+
+        Created at a temporary name (``O_EXCL``, ``O_NOFOLLOW``, mode 0600) and
+        renamed over the final name only when that is absent or a regular file
+        of ours. Raises ``OSError`` otherwise.
+        """
+        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            for _ in range(4):
+                staging = temporary_name()
+                try:
+                    fd = os.open(staging, flags, _FILE_MODE, dir_fd=directory_fd)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(f"no free temporary name in {directory}")
+            try:
+                os.ftruncate(fd, PAGE_SIZE)
+                mapping = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED)
+                mapping[: len(MAGIC)] = MAGIC
+                _check_replaceable(directory_fd, f"{pid}{SUFFIX}")
+                os.replace(
+                    staging,
+                    f"{pid}{SUFFIX}",
+                    src_dir_fd=directory_fd,
+                    dst_dir_fd=directory_fd,
+                )
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(staging, dir_fd=directory_fd)
+                raise
+            finally:
+                os.close(fd)
+        finally:
+            os.close(directory_fd)
+        return cls(mapping)
+
+    def add_slot(self, patch_id: str, event: str) -> int | None:
+        """The slot for a new name, or None when the page is full."""
+        names = [*self._names, [patch_id, event]]
+        layout = json.dumps(names, separators=(",", ":")).encode()
+        if len(names) > SLOTS or LAYOUT_AT + 4 + len(layout) > VALUES_AT:
+            return None
+        start = LAYOUT_AT + 4
+        self._mapping[start : start + len(layout)] = layout
+        self._mapping[LAYOUT_AT:start] = _LENGTH.pack(len(layout))
+        self._names = names
+        return len(names) - 1
+
+    def close(self) -> None:
+        """Unmap this process's view (the file and its counts stay).
+
+        Only where no thread can be storing: a forked child's copy.
+        """
+        self.values.release()
+        self._mapping.close()
+
+
+def remove_page(directory: Path, pid: int) -> None:
+    """Unlink ``directory/<pid>.counts`` where it is a regular file of ours."""
+    with contextlib.suppress(OSError):
+        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _check_replaceable(directory_fd, f"{pid}{SUFFIX}")
+            os.unlink(f"{pid}{SUFFIX}", dir_fd=directory_fd)
+        finally:
+            os.close(directory_fd)
+
+
+def _check_replaceable(directory_fd: int, name: str) -> None:
+    try:
+        info = os.lstat(name, dir_fd=directory_fd)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        raise OSError(f"{name} is a link or another user's file; it is left as it is")
+
+
+def read_counts_page(path: Path) -> dict[str, dict[str, int]] | None:
+    """The counts stored in the page at ``path``; None when it is absent or not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, PAGE_SIZE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_counts_page(data)
+
+
+def parse_counts_page(data: bytes) -> dict[str, dict[str, int]] | None:
+    if len(data) != PAGE_SIZE or not data.startswith(MAGIC):
+        return None
+    (length,) = _LENGTH.unpack_from(data, LAYOUT_AT)
+    start = LAYOUT_AT + 4
+    if start + length > VALUES_AT:
+        return None
+    try:
+        names = json.loads(data[start : start + length] or b"[]")
+    except ValueError:  # being written: the record's counts stand alone
+        return None
+    if not isinstance(names, list) or not all(
+        isinstance(name, list)
+        and len(name) == 2
+        and all(isinstance(part, str) for part in name)
+        for name in names
+    ):
+        return None
+    values = memoryview(data)[VALUES_AT:PAGE_SIZE].cast("Q")
+    counts: dict[str, dict[str, int]] = {}
+    for slot, (patch_id, event) in enumerate(names):
+        counts.setdefault(patch_id, {})[event] = int(values[slot])
+    return counts
+
+
+def merged_counts(
+    recorded: Mapping[str, Mapping[str, int]],
+    stored: Mapping[str, Mapping[str, int]] | None,
+) -> dict[str, dict[str, int]]:
+    """The record's counts, raised to what the page holds (counts only grow)."""
+    merged = {patch: dict(events) for patch, events in recorded.items()}
+    for patch, events in (stored or {}).items():
+        for event, value in events.items():
+            if value:
+                mine = merged.setdefault(patch, {})
+                mine[event] = max(mine.get(event, 0), value)
+    return merged
+
+
+def page_beside(record_file: Path) -> Path:
+    return record_file.with_suffix(SUFFIX)

@@ -1,0 +1,152 @@
+"""Counts pages: every count outlives SIGKILL, stays this process's own, and a
+page that cannot be read leaves the record's counts standing.
+
+The scenarios that count and die run in a child Python process whose writer
+thread never wakes (``WRITE_INTERVAL_S`` of an hour): its record is written once,
+by hand, before any count, so whatever the readers find beyond it came from the
+page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from vllm_graphsafe import counts_page, stats
+from vllm_graphsafe.stats import KEPT_OFF_DECODE, UNIFORM_DECODE, read_stats_dir
+
+PATCH = "v1-phase-dispatch"
+
+COUNT_THEN_SIGKILL = """
+    import os, signal, sys
+    from vllm_graphsafe import stats
+    stats.WRITE_INTERVAL_S = 3600.0
+    stats.configure_from_environment()
+    stats.STATS.flush()  # the record, with no counts yet
+    count = stats.STATS.counter("v1-phase-dispatch")
+    for _ in range(int(sys.argv[1])):
+        count(stats.UNIFORM_DECODE)
+    for _ in range(int(sys.argv[2])):
+        count(stats.KEPT_OFF_DECODE)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def run_child(
+    code: str, stats_dir: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env={**os.environ, "GRAPHSAFE_STATS_DIR": str(stats_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_counts_made_just_before_a_sigkill_are_all_read(tmp_path: Path) -> None:
+    stats_dir = tmp_path / "stats"
+    done = run_child(COUNT_THEN_SIGKILL, stats_dir, "1000", "7")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (record_file,) = stats_dir.glob("*.json")
+    assert json.loads(record_file.read_text())["counts"] == {}  # written before
+    totals = read_stats_dir(stats_dir)
+    assert totals["processes"] == 1
+    assert totals["counts"] == {PATCH: {UNIFORM_DECODE: 1000, KEPT_OFF_DECODE: 7}}
+
+
+def test_a_forked_child_counts_apart_from_its_parent(tmp_path: Path) -> None:
+    stats_dir = tmp_path / "stats"
+    code = """
+        import os, sys
+        from vllm_graphsafe import stats
+        stats.WRITE_INTERVAL_S = 3600.0
+        stats.configure_from_environment()
+        count = stats.STATS.counter("v1-phase-dispatch")
+        for _ in range(3):
+            count(stats.KEPT_OFF_DECODE)
+        pid = os.fork()
+        if pid == 0:
+            stats.configure_from_environment()
+            stats.STATS.flush()
+            for _ in range(5):
+                count(stats.KEPT_OFF_DECODE)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        stats.STATS.flush()
+        print(os.getpid(), pid)
+    """
+    done = run_child(code, stats_dir)
+    assert done.returncode == 0, done.stderr
+    parent_pid, child_pid = (int(word) for word in done.stdout.split())
+    kept_off = {
+        record["pid"]: record["counts"][PATCH][KEPT_OFF_DECODE]
+        for record in stats.read_process_files(stats_dir)
+    }
+    assert kept_off == {parent_pid: 3, child_pid: 5}
+
+
+def page_bytes(names: list[list[str]], values: list[int]) -> bytearray:
+    data = bytearray(counts_page.PAGE_SIZE)
+    data[: len(counts_page.MAGIC)] = counts_page.MAGIC
+    layout = json.dumps(names).encode()
+    start = counts_page.LAYOUT_AT
+    data[start : start + 4] = struct.pack("=I", len(layout))
+    data[start + 4 : start + 4 + len(layout)] = layout
+    for slot, value in enumerate(values):
+        struct.pack_into("=Q", data, counts_page.VALUES_AT + 8 * slot, value)
+    return data
+
+
+def test_a_page_is_read_by_its_own_names() -> None:
+    data = page_bytes([[PATCH, UNIFORM_DECODE], ["other", "dummy"]], [12, 3])
+    assert counts_page.parse_counts_page(bytes(data)) == {
+        PATCH: {UNIFORM_DECODE: 12},
+        "other": {"dummy": 3},
+    }
+
+
+def test_a_page_being_written_or_foreign_is_not_read() -> None:
+    # A second name written after the length was read: the old length cuts
+    # the new list short.
+    torn = page_bytes([[PATCH, UNIFORM_DECODE], [PATCH, "dummy"]], [12, 1])
+    old_length = len(json.dumps([[PATCH, UNIFORM_DECODE]]))
+    struct.pack_into("=I", torn, counts_page.LAYOUT_AT, old_length)
+    foreign = bytearray(counts_page.PAGE_SIZE)
+    too_long = page_bytes([], [])
+    struct.pack_into("=I", too_long, counts_page.LAYOUT_AT, counts_page.VALUES_AT)
+    for data in (torn, foreign, too_long, bytearray(b"short")):
+        assert counts_page.parse_counts_page(bytes(data)) is None
+
+
+def test_the_records_counts_stand_where_the_page_is_unreadable(tmp_path: Path) -> None:
+    record = {"pid": 41, "patches": {}, "counts": {PATCH: {UNIFORM_DECODE: 9}}}
+    (tmp_path / "41.json").write_text(json.dumps(record))
+    (tmp_path / "41.counts").write_bytes(b"not a page")
+    (tmp_path / "42.json").write_text(json.dumps({**record, "pid": 42}))
+    (tmp_path / "42.counts").write_bytes(
+        bytes(page_bytes([[PATCH, UNIFORM_DECODE], [PATCH, "dummy"]], [11, 2]))
+    )
+    assert read_stats_dir(tmp_path)["counts"] == {
+        PATCH: {UNIFORM_DECODE: 20, "dummy": 2}
+    }
+    scraped = stats.read_records_leniently(tmp_path)
+    assert sorted(r["counts"][PATCH][UNIFORM_DECODE] for r in scraped) == [9, 11]
+
+
+def test_a_link_at_the_pages_name_is_not_read(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(bytes(page_bytes([[PATCH, UNIFORM_DECODE]], [500])))
+    directory = tmp_path / "stats"
+    directory.mkdir()
+    record = {"pid": 41, "patches": {}, "counts": {PATCH: {UNIFORM_DECODE: 9}}}
+    (directory / "41.json").write_text(json.dumps(record))
+    (directory / "41.counts").symlink_to(elsewhere)
+    assert read_stats_dir(directory)["counts"] == {PATCH: {UNIFORM_DECODE: 9}}
