@@ -42,9 +42,10 @@ Classification cost (benchmark 1)
                   stays inert: the ``max()`` and ``gather_batch_req_state``,
                   as ``execute_model`` runs them.
 
-The patches count their decisions as in a served process: into counts pages
-in two directories (the metrics directory and a statistics directory), with
-the record writer thread running.
+The patches count their decisions as in a served process: into the counts
+page of two directories (the metrics directory and a statistics directory, on
+one file system, so one page linked into both), with the record writer thread
+running.
 
 Writes JSON to ``--out``; vLLM logs to stdout, so nothing else goes there.
 """
@@ -550,10 +551,11 @@ def measure_dispatch(
 
 
 @contextmanager
-def counting_as_a_server_does() -> Iterator[int]:
+def counting_as_a_server_does() -> Iterator[dict[str, int]]:
     """The patches count into counts pages, as in a served process: the metrics
-    directory every server has and a ``GRAPHSAFE_STATS_DIR``, with the record
-    writer running. Yields the number of pages."""
+    directory every server has and a ``GRAPHSAFE_STATS_DIR`` (both under the
+    temporary directory, one file system: the page is linked into both), with
+    the record writer running. Yields how many directories and pages."""
     import tempfile
 
     from vllm_graphsafe import stats
@@ -563,7 +565,10 @@ def counting_as_a_server_does() -> Iterator[int]:
         tempfile.TemporaryDirectory(prefix="graphsafe-bench-stats-") as stats_dir,
     ):
         stats.STATS.configure(metrics, stats_dir)
-        yield len(stats.STATS.directories)
+        yield {
+            "counts_directories": len(stats.STATS.directories),
+            "counts_pages": stats.STATS.distinct_pages,
+        }
 
 
 def vllm_version() -> str:
@@ -593,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = tuple(int(size) for size in args.sizes.split(","))
         with counting_as_a_server_does() as pages:
             dispatch = measure_dispatch(sizes, args.rounds, args.target_ms / 1e3)
-        result["dispatch"] = {**dispatch, "counts_pages": pages}
+        result["dispatch"] = {**dispatch, **pages}
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

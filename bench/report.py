@@ -393,8 +393,9 @@ def dispatch_markdown(results: dict[str, Any]) -> list[str]:
         "and the class tests' fakes of its request state; the phase rules are what "
         "the patches' hook factories make of vLLM's own rule"
         + (
-            f", counting each decision into {first['counts_pages']} counts pages "
-            "as a served process does (metrics and statistics directories). "
+            ", counting each decision as a served process does, into its counts "
+            f"page(s) ({first['counts_pages']} page(s) for "
+            f"{first['counts_directories']} directories: metrics and statistics). "
             if first.get("counts_pages")
             else ". "
         )

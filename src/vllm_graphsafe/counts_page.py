@@ -13,6 +13,9 @@ Layout (one page, native byte order, read on the same host):
 - at ``LAYOUT_AT``, a 4-byte length and the JSON list of ``[patch, event]``
   names, one per slot, which only grows;
 - at ``VALUES_AT``, one 8-byte count per slot.
+
+Where a process writes into two directories on one file system, the second
+name is a hard link to the first page: one store counts in both.
 """
 
 from __future__ import annotations
@@ -107,6 +110,43 @@ class CountsPage:
         """
         self.values.release()
         self._mapping.close()
+
+
+def link_page(
+    source: Path, directory: Path, pid: int, temporary_name: Callable[[], str]
+) -> None:
+    """Make ``directory/<pid>.counts`` a hard link to the page in ``source``.
+
+    The link is made at a temporary name and renamed over the final name only
+    when that is absent or a regular file of ours. Raises ``OSError`` otherwise
+    (another file system among them).
+    """
+    name = f"{pid}{SUFFIX}"
+    source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            staging = temporary_name()
+            os.link(
+                name,
+                staging,
+                src_dir_fd=source_fd,
+                dst_dir_fd=directory_fd,
+                follow_symlinks=False,
+            )
+            try:
+                _check_replaceable(directory_fd, name)
+                os.replace(
+                    staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd
+                )
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(staging, dir_fd=directory_fd)
+                raise
+        finally:
+            os.close(directory_fd)
+    finally:
+        os.close(source_fd)
 
 
 def remove_page(directory: Path, pid: int) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 
 from vllm_graphsafe.counts_page import (
     CountsPage,
+    link_page,
     merged_counts,
     page_beside,
     read_counts_page,
@@ -269,6 +270,11 @@ class DispatchStats:
     def directories(self) -> list[Path]:
         return list(self._directories)
 
+    @property
+    def distinct_pages(self) -> int:
+        """How many counts pages each count is stored into."""
+        return len(self._pages)
+
     def configure(self, *directories: str | os.PathLike[str] | None) -> None:
         """Write this process's record into each directory from now on."""
         for directory in directories:
@@ -280,9 +286,17 @@ class DispatchStats:
             self._install_exit_hooks()
 
     def _map_page(self, directory: Path) -> None:
-        """Add a counts page in ``directory``, holding every count made so far."""
+        """Add a counts page in ``directory``, holding every count made so far:
+        a link to this process's first page where the file system allows."""
         with self._page_lock:
             pid = os.getpid()
+            for linked_from, first in list(self._page_in.items())[:1]:
+                try:
+                    link_page(linked_from, directory, pid, lambda: temporary_name(pid))
+                except OSError:
+                    break
+                self._page_in[directory] = first
+                return
             try:
                 page = CountsPage.create(directory, pid, lambda: temporary_name(pid))
             except (OSError, ValueError):
@@ -312,8 +326,9 @@ class DispatchStats:
             page = self._page_in.pop(directory, None)
             if page is None:
                 return
-            self._pages.remove(page)
-            self._page_values.remove(page.values)
+            if page not in self._page_in.values():  # no other name for it
+                self._pages.remove(page)
+                self._page_values.remove(page.values)
         remove_page(directory, os.getpid())
 
     def record(self) -> dict[str, Any]:

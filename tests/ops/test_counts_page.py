@@ -150,3 +150,31 @@ def test_a_link_at_the_pages_name_is_not_read(tmp_path: Path) -> None:
     (directory / "41.json").write_text(json.dumps(record))
     (directory / "41.counts").symlink_to(elsewhere)
     assert read_stats_dir(directory)["counts"] == {PATCH: {UNIFORM_DECODE: 9}}
+
+
+def test_two_directories_on_one_file_system_share_one_page(tmp_path: Path) -> None:
+    metrics_dir, stats_dir = tmp_path / "metrics", tmp_path / "stats"
+    for directory in (metrics_dir, stats_dir):
+        directory.mkdir(mode=0o700)
+    counters = stats.DispatchStats()
+    counters._install_exit_hooks = lambda: None  # type: ignore[method-assign]
+    counters._start_writer = lambda: None  # type: ignore[method-assign]
+    count = counters.counter(PATCH)
+    count(KEPT_OFF_DECODE)
+    counters.configure(metrics_dir, stats_dir)
+    count(KEPT_OFF_DECODE)
+    name = f"{os.getpid()}.counts"
+    assert (metrics_dir / name).stat().st_ino == (stats_dir / name).stat().st_ino
+    assert counters.distinct_pages == 1
+    for directory in (metrics_dir, stats_dir):
+        assert counts_page.read_counts_page(directory / name) == {
+            PATCH: {KEPT_OFF_DECODE: 2}
+        }
+    # One directory given up (its record could not be written): the other's
+    # name for the page stays, and counting goes on there.
+    counters._drop_page(metrics_dir)
+    count(KEPT_OFF_DECODE)
+    assert not (metrics_dir / name).exists()
+    assert counts_page.read_counts_page(stats_dir / name) == {
+        PATCH: {KEPT_OFF_DECODE: 3}
+    }
