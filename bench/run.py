@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="graphsafe-bench-"))
-    log(f"{mode} run; logs in {workdir}")
+    log(f"{mode} run; logs in {workdir} (kept only if something fails)")
     failures: list[str] = []
     results: dict[str, Any] = {
         "meta": {
@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "getloadavg"):
         results["meta"]["load_at_end"] = os.getloadavg()[0]
     results["meta"]["failures"] = failures
+    if not failures:
+        shutil.rmtree(workdir, ignore_errors=True)
+        results["meta"]["workdir"] = None
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     markdown = report.markdown(results)
     (args.out / "results.md").write_text(markdown)
