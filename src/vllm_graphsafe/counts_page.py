@@ -74,19 +74,13 @@ class CountsPage:
                 os.ftruncate(fd, PAGE_SIZE)
                 mapping = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED)
                 mapping[: len(MAGIC)] = MAGIC
-                _check_replaceable(directory_fd, f"{pid}{SUFFIX}")
-                os.replace(
-                    staging,
-                    f"{pid}{SUFFIX}",
-                    src_dir_fd=directory_fd,
-                    dst_dir_fd=directory_fd,
-                )
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(staging, dir_fd=directory_fd)
                 raise
             finally:
                 os.close(fd)
+            replace_staged(directory_fd, staging, f"{pid}{SUFFIX}")
         finally:
             os.close(directory_fd)
         return cls(mapping)
@@ -134,15 +128,7 @@ def link_page(
                 dst_dir_fd=directory_fd,
                 follow_symlinks=False,
             )
-            try:
-                _check_replaceable(directory_fd, name)
-                os.replace(
-                    staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd
-                )
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(staging, dir_fd=directory_fd)
-                raise
+            replace_staged(directory_fd, staging, name)
         finally:
             os.close(directory_fd)
     finally:
@@ -154,19 +140,38 @@ def remove_page(directory: Path, pid: int) -> None:
     with contextlib.suppress(OSError):
         directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            _check_replaceable(directory_fd, f"{pid}{SUFFIX}")
+            check_replaceable(directory_fd, f"{pid}{SUFFIX}")
             os.unlink(f"{pid}{SUFFIX}", dir_fd=directory_fd)
         finally:
             os.close(directory_fd)
 
 
-def _check_replaceable(directory_fd: int, name: str) -> None:
+class UnsafeTargetError(OSError):
+    """A file's name is taken by something that is not our regular file."""
+
+
+def check_replaceable(directory_fd: int, name: str) -> None:
+    """Raise :class:`UnsafeTargetError` unless ``name`` is absent or ours, regular."""
     try:
         info = os.lstat(name, dir_fd=directory_fd)
     except FileNotFoundError:
         return
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-        raise OSError(f"{name} is a link or another user's file; it is left as it is")
+        raise UnsafeTargetError(
+            f"{name} is a link or another user's file; it is left as it is"
+        )
+
+
+def replace_staged(directory_fd: int, staging: str, name: str) -> None:
+    """Rename ``staging`` over ``name`` where that is safe; else remove ``staging``
+    and raise."""
+    try:
+        check_replaceable(directory_fd, name)
+        os.replace(staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staging, dir_fd=directory_fd)
+        raise
 
 
 def read_counts_page(path: Path) -> dict[str, dict[str, int]] | None:

@@ -45,7 +45,9 @@ from vllm_graphsafe.counts_page import (
     page_beside,
     read_counts_page,
     remove_page,
+    replace_staged,
 )
+from vllm_graphsafe.counts_page import UnsafeTargetError as UnsafeTargetError
 from vllm_graphsafe.settings import read_settings
 
 logger = logging.getLogger("vllm.graphsafe")
@@ -82,10 +84,6 @@ _FILE_MODE = 0o600
 
 class StatsDirError(ValueError):
     """A statistics directory that cannot be read; ``str()`` is one sentence."""
-
-
-class UnsafeTargetError(OSError):
-    """The record's name is taken by something that is not our regular file."""
 
 
 _SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -145,25 +143,13 @@ def write_private_file(
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-            _check_replaceable(directory_fd, name)
-            os.replace(staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(staging, dir_fd=directory_fd)
             raise
+        replace_staged(directory_fd, staging, name)
     finally:
         os.close(directory_fd)
-
-
-def _check_replaceable(directory_fd: int, name: str) -> None:
-    try:
-        info = os.lstat(name, dir_fd=directory_fd)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-        raise UnsafeTargetError(
-            f"{name} is a link or another user's file; it is left as it is"
-        )
 
 
 def make_private_directory(path: Path) -> None:
