@@ -1,4 +1,4 @@
-"""vLLM's module paths, class names and per-release layouts: the one place that spells them.
+"""vLLM's module paths, class names and layouts: the one place that spells them.
 
 Everything else in the project names vLLM's code through these constants, so a new
 vLLM layout is one edit here (and in the fix that binds to it).
