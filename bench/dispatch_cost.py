@@ -558,16 +558,16 @@ def counting_as_a_server_does() -> Iterator[dict[str, int]]:
     the record writer running. Yields how many directories and pages."""
     import tempfile
 
-    from vllm_graphsafe import stats
+    from vllm_graphsafe import counts
 
     with (
         tempfile.TemporaryDirectory(prefix="graphsafe-bench-metrics-") as metrics,
         tempfile.TemporaryDirectory(prefix="graphsafe-bench-stats-") as stats_dir,
     ):
-        stats.STATS.configure(metrics, stats_dir)
+        counts.STATS.configure(metrics, stats_dir)
         yield {
-            "counts_directories": len(stats.STATS.directories),
-            "counts_pages": stats.STATS.distinct_pages,
+            "counts_directories": len(counts.STATS.directories),
+            "counts_pages": counts.STATS.distinct_pages,
         }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from vllm_graphsafe.counts import read_stats_dir
 from vllm_graphsafe.local_engine.launcher import (
     LocalServer,
     ServerStartError,
@@ -34,7 +35,6 @@ from vllm_graphsafe.local_engine.launcher import (
 )
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
-from vllm_graphsafe.stats import read_stats_dir
 
 NUM_SPECULATIVE_TOKENS = 3
 #: Prompt lengths in tokens: many of 4 tokens (1 + K: a decode's shape), a few

@@ -1,14 +1,39 @@
-"""The ``vllm.general_plugins`` entry point: runs in every vLLM process."""
+"""The ``vllm.general_plugins`` entry point: runs in every vLLM process.
+
+It applies the patches, then wires the counts (:mod:`vllm_graphsafe.counts`) to
+what the operator set: the statistics directory (``GRAPHSAFE_STATS_DIR``) and
+the private directory behind ``/metrics``, which the API server creates and
+names in ``GRAPHSAFE_METRICS_DIR`` before vLLM starts its engine processes, so
+that they inherit it. The counts themselves read no environment: this module
+decides which directories they write into and hands those over.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
 
-from vllm_graphsafe import stats
+from vllm_graphsafe import counts
+from vllm_graphsafe.counts import metrics, roles
+from vllm_graphsafe.counts.private_files import (
+    is_private_directory,
+    make_private_directory,
+    writable_by_others,
+)
 from vllm_graphsafe.patches import all_patches
 from vllm_graphsafe.registry import PatchFailedError, Registry
+from vllm_graphsafe.settings import METRICS_DIR_ENV, Settings, read_settings, warn_once
+
+#: Set where vLLM serves a multi-process registry (``--api-server-count`` above 1).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+logger = logging.getLogger("vllm.graphsafe")
 
 _REGISTRY: Registry | None = None
+_prepared_in_pid: int | None = None
+_prepared_directory: Path | None = None
 
 
 def registry() -> Registry:
@@ -34,14 +59,104 @@ def register() -> None:
             error,
         )
         return
-    stats.STATS.describe_patches = registry().states
-    stats.STATS.wrapped_patches = registry().wrapped
-    stats.configure_from_environment()
-    stats.STATS.flush()
+    counts.STATS.describe_patches = registry().states
+    counts.STATS.wrapped_patches = registry().wrapped
+    configure_counts()
+    counts.STATS.flush()
     if first_time:
         # ops: logged once vLLM's logging is configured (the API server loads
         # plugins before it configures logging).
-        stats.STATS.announce(_vllm_logger(), f"vllm-graphsafe: {registry().summary()}")
+        counts.STATS.announce(_vllm_logger(), f"vllm-graphsafe: {registry().summary()}")
+
+
+# --- the counts' directories, from the environment ------------------------------
+
+
+def configure_counts(settings: Settings | None = None) -> None:
+    """Point the counts at the operator's statistics directory and ``/metrics``'s.
+
+    Called in every vLLM process once the patches are decided. Warnings come
+    from the first process only (the one the operator started), not again from
+    each engine process.
+    """
+    settings = registry().read_settings() if settings is None else settings
+    speaks = (
+        roles.current_role() in (roles.ROLE_API_SERVER, roles.ROLE_MAIN)
+        and settings.metrics_dir is None
+    )
+    if speaks:
+        warn_once(logger, settings)
+    directories: list[Path] = []
+    if settings.stats_dir:
+        stats_dir = Path(settings.stats_dir)
+        try:
+            make_private_directory(stats_dir)
+        except OSError as error:
+            if speaks:
+                _warn_unwritable(stats_dir, error)
+        else:
+            if speaks and writable_by_others(stats_dir):
+                logger.warning(
+                    "vllm-graphsafe: the statistics directory %s can be written by "
+                    "other users; prefer a directory only you can write to.",
+                    stats_dir,
+                )
+            directories.append(stats_dir)
+    metrics_dir = prepare_metrics_directory(settings)
+    if metrics_dir is not None:
+        directories.append(metrics_dir)
+    counts.STATS.on_write_error = _report_write_error(
+        metrics_dir if speaks else None, speaks
+    )
+    counts.STATS.configure(*directories)
+
+
+def prepare_metrics_directory(settings: Settings | None = None) -> Path | None:
+    """This process's metrics directory: created here in the API server, else inherited.
+
+    Idempotent within a process. Returns None where there is none to use.
+    """
+    global _prepared_in_pid, _prepared_directory
+    if _prepared_in_pid == os.getpid():
+        return _prepared_directory
+    _prepared_in_pid = os.getpid()
+    _prepared_directory = None
+    if roles.is_root_process():
+        directory = metrics.create_metrics_directory()
+        if directory is None:
+            return None
+        os.environ[METRICS_DIR_ENV] = str(directory)
+        metrics.register_collector(directory)
+        if os.environ.get(MULTIPROC_DIR_ENV):  # set by the operator: served instead
+            metrics.serve_with_multiprocess_collector(directory)
+        _prepared_directory = directory
+        return directory
+    inherited = (read_settings() if settings is None else settings).metrics_dir
+    if inherited and roles.serves_vllm() and is_private_directory(Path(inherited)):
+        _prepared_directory = Path(inherited)
+        if roles.is_spawned_api_server():
+            metrics.serve_with_multiprocess_collector(_prepared_directory)
+    return _prepared_directory
+
+
+def _warn_unwritable(directory: Path, error: OSError) -> None:
+    reason = error.strerror or str(error)
+    logger.warning(
+        "vllm-graphsafe: cannot write dispatch statistics to %s (%s); vLLM serves "
+        "as usual, without them.",
+        directory,
+        reason,
+    )
+
+
+def _report_write_error(
+    metrics_dir: Path | None, speaks: bool
+) -> Callable[[Path, OSError], None]:
+    def report(directory: Path, error: OSError) -> None:
+        if speaks and directory != metrics_dir:
+            _warn_unwritable(directory, error)
+
+    return report
 
 
 # --- graph-hazard emulator (test instrument; owned by the emulator) -----------

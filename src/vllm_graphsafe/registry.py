@@ -29,7 +29,7 @@ import importlib.util
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -545,9 +545,14 @@ class Registry:
                 return patch
         raise KeyError(patch_id)
 
+    def read_settings(self, environ: Mapping[str, str] | None = None) -> Settings:
+        """The operator's switches, ``GRAPHSAFE_DISABLE`` checked against these
+        patches' ids (an unknown id is one of the settings' problems)."""
+        return read_settings(environ, patch_ids=[patch.id for patch in self.patches])
+
     def apply_all(self, settings: Settings | None = None) -> None:
         """Decide every patch and arm those that apply. Idempotent."""
-        settings = read_settings() if settings is None else settings
+        settings = self.read_settings() if settings is None else settings
         sources = SourceReader()
         with _LOCK:
             for patch in self.patches:

@@ -69,12 +69,6 @@ def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
     return False
 
 
-def known_patch_ids() -> list[str]:
-    from vllm_graphsafe.patches import all_patches
-
-    return [patch.id for patch in all_patches()]
-
-
 def read_settings(
     environ: Mapping[str, str] | None = None,
     *,
@@ -82,8 +76,9 @@ def read_settings(
 ) -> Settings:
     """The switches in ``environ`` (default: this process's environment).
 
-    ``patch_ids`` are the ids ``GRAPHSAFE_DISABLE`` may name (default: every
-    patch of this package).
+    ``patch_ids`` are the ids ``GRAPHSAFE_DISABLE`` may name; ids it names
+    outside them are problems. Without them the ids are not checked: this
+    module knows no fix list (``Registry.read_settings`` checks against its own).
     """
     env = os.environ if environ is None else environ
     problems: list[str] = []
@@ -98,12 +93,11 @@ def read_settings(
     disable_raw = lookup(DISABLE_ENV) or ""
     ids = {part.strip() for part in disable_raw.split(",") if part.strip()}
     disable_all = bool(ids & DISABLE_ALL) or disable_raw.strip().lower() in _TRUE
-    if not disable_all and ids:
-        known = patch_ids if patch_ids is not None else known_patch_ids()
-        for unknown in sorted(ids - set(known)):
+    if not disable_all and ids and patch_ids is not None:
+        for unknown in sorted(ids - set(patch_ids)):
             problems.append(
                 f"{DISABLE_ENV} names {unknown!r}, which is no patch of vllm-graphsafe "
-                f"(known: {', '.join(known)}, or all); it is ignored."
+                f"(known: {', '.join(patch_ids)}, or all); it is ignored."
             )
     strict = _boolean(STRICT_ENV, lookup(STRICT_ENV), problems)
     emulate = _boolean(EMULATE_ENV, env.get(EMULATE_ENV), problems)
@@ -137,12 +131,11 @@ def deprecation_sentences(settings: Settings) -> list[str]:
 _warned = False
 
 
-def warn_once(logger: logging.Logger, settings: Settings | None = None) -> None:
+def warn_once(logger: logging.Logger, settings: Settings) -> None:
     """Log each settings problem and deprecated name once in this process."""
     global _warned
     if _warned:
         return
     _warned = True
-    settings = read_settings() if settings is None else settings
     for sentence in (*settings.problems, *deprecation_sentences(settings)):
         logger.warning("vllm-graphsafe: %s", sentence)

@@ -36,10 +36,10 @@ from typing import Any
 
 import pytest
 
+from vllm_graphsafe.counts import ROLE_WORKER, read_process_files
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine import step_recorder as recorder
 from vllm_graphsafe.local_engine.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
-from vllm_graphsafe.stats import ROLE_WORKER, read_process_files
 
 pytestmark = pytest.mark.engine
 

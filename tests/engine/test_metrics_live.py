@@ -33,14 +33,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_graphsafe.local_engine import launcher as local
-from vllm_graphsafe.local_engine.cpu_config import server_command
-from vllm_graphsafe.stats import (
+from vllm_graphsafe.counts import (
     KEPT_OFF_DECODE,
     UNIFORM_DECODE,
     read_process_files,
     read_stats_dir,
 )
+from vllm_graphsafe.local_engine import launcher as local
+from vllm_graphsafe.local_engine.cpu_config import server_command
 
 pytestmark = pytest.mark.engine
 

@@ -18,22 +18,23 @@ import sys
 import textwrap
 from pathlib import Path
 
-from vllm_graphsafe import counts_page, stats
-from vllm_graphsafe.stats import KEPT_OFF_DECODE, UNIFORM_DECODE, read_stats_dir
+from vllm_graphsafe import counts
+from vllm_graphsafe.counts import KEPT_OFF_DECODE, UNIFORM_DECODE, page, read_stats_dir
 
 PATCH = "v1-phase-dispatch"
 
 COUNT_THEN_SIGKILL = """
     import os, signal, sys
-    from vllm_graphsafe import stats
-    stats.WRITE_INTERVAL_S = 3600.0
-    stats.configure_from_environment()
-    stats.STATS.flush()  # the record, with no counts yet
-    count = stats.STATS.counter("v1-phase-dispatch")
+    from vllm_graphsafe import counts, plugin
+    from vllm_graphsafe.counts import writer
+    writer.WRITE_INTERVAL_S = 3600.0
+    plugin.configure_counts()
+    counts.STATS.flush()  # the record, with no counts yet
+    count = counts.STATS.counter("v1-phase-dispatch")
     for _ in range(int(sys.argv[1])):
-        count(stats.UNIFORM_DECODE)
+        count(counts.UNIFORM_DECODE)
     for _ in range(int(sys.argv[2])):
-        count(stats.KEPT_OFF_DECODE)
+        count(counts.KEPT_OFF_DECODE)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -66,21 +67,22 @@ def test_a_forked_child_counts_apart_from_its_parent(tmp_path: Path) -> None:
     stats_dir = tmp_path / "stats"
     code = """
         import os, sys
-        from vllm_graphsafe import stats
-        stats.WRITE_INTERVAL_S = 3600.0
-        stats.configure_from_environment()
-        count = stats.STATS.counter("v1-phase-dispatch")
+        from vllm_graphsafe import counts, plugin
+        from vllm_graphsafe.counts import writer
+        writer.WRITE_INTERVAL_S = 3600.0
+        plugin.configure_counts()
+        count = counts.STATS.counter("v1-phase-dispatch")
         for _ in range(3):
-            count(stats.KEPT_OFF_DECODE)
+            count(counts.KEPT_OFF_DECODE)
         pid = os.fork()
         if pid == 0:
-            stats.configure_from_environment()
-            stats.STATS.flush()
+            plugin.configure_counts()
+            counts.STATS.flush()
             for _ in range(5):
-                count(stats.KEPT_OFF_DECODE)
+                count(counts.KEPT_OFF_DECODE)
             os._exit(0)
         os.waitpid(pid, 0)
-        stats.STATS.flush()
+        counts.STATS.flush()
         print(os.getpid(), pid)
     """
     done = run_child(code, stats_dir)
@@ -88,26 +90,26 @@ def test_a_forked_child_counts_apart_from_its_parent(tmp_path: Path) -> None:
     parent_pid, child_pid = (int(word) for word in done.stdout.split())
     kept_off = {
         record["pid"]: record["counts"][PATCH][KEPT_OFF_DECODE]
-        for record in stats.read_process_files(stats_dir)
+        for record in counts.read_process_files(stats_dir)
     }
     assert kept_off == {parent_pid: 3, child_pid: 5}
 
 
 def page_bytes(names: list[list[str]], values: list[int]) -> bytearray:
-    data = bytearray(counts_page.PAGE_SIZE)
-    data[: len(counts_page.MAGIC)] = counts_page.MAGIC
+    data = bytearray(page.PAGE_SIZE)
+    data[: len(page.MAGIC)] = page.MAGIC
     layout = json.dumps(names).encode()
-    start = counts_page.LAYOUT_AT
+    start = page.LAYOUT_AT
     data[start : start + 4] = struct.pack("=I", len(layout))
     data[start + 4 : start + 4 + len(layout)] = layout
     for slot, value in enumerate(values):
-        struct.pack_into("=Q", data, counts_page.VALUES_AT + 8 * slot, value)
+        struct.pack_into("=Q", data, page.VALUES_AT + 8 * slot, value)
     return data
 
 
 def test_a_page_is_read_by_its_own_names() -> None:
     data = page_bytes([[PATCH, UNIFORM_DECODE], ["other", "dummy"]], [12, 3])
-    assert counts_page.parse_counts_page(bytes(data)) == {
+    assert page.parse_counts_page(bytes(data)) == {
         PATCH: {UNIFORM_DECODE: 12},
         "other": {"dummy": 3},
     }
@@ -118,12 +120,12 @@ def test_a_page_being_written_or_foreign_is_not_read() -> None:
     # the new list short.
     torn = page_bytes([[PATCH, UNIFORM_DECODE], [PATCH, "dummy"]], [12, 1])
     old_length = len(json.dumps([[PATCH, UNIFORM_DECODE]]))
-    struct.pack_into("=I", torn, counts_page.LAYOUT_AT, old_length)
-    foreign = bytearray(counts_page.PAGE_SIZE)
+    struct.pack_into("=I", torn, page.LAYOUT_AT, old_length)
+    foreign = bytearray(page.PAGE_SIZE)
     too_long = page_bytes([], [])
-    struct.pack_into("=I", too_long, counts_page.LAYOUT_AT, counts_page.VALUES_AT)
+    struct.pack_into("=I", too_long, page.LAYOUT_AT, page.VALUES_AT)
     for data in (torn, foreign, too_long, bytearray(b"short")):
-        assert counts_page.parse_counts_page(bytes(data)) is None
+        assert page.parse_counts_page(bytes(data)) is None
 
 
 def test_the_records_counts_stand_where_the_page_is_unreadable(tmp_path: Path) -> None:
@@ -137,7 +139,7 @@ def test_the_records_counts_stand_where_the_page_is_unreadable(tmp_path: Path) -
     assert read_stats_dir(tmp_path)["counts"] == {
         PATCH: {UNIFORM_DECODE: 20, "dummy": 2}
     }
-    scraped = stats.read_records_leniently(tmp_path)
+    scraped = counts.read_records_leniently(tmp_path)
     assert sorted(r["counts"][PATCH][UNIFORM_DECODE] for r in scraped) == [9, 11]
 
 
@@ -156,7 +158,7 @@ def test_two_directories_on_one_file_system_share_one_page(tmp_path: Path) -> No
     metrics_dir, stats_dir = tmp_path / "metrics", tmp_path / "stats"
     for directory in (metrics_dir, stats_dir):
         directory.mkdir(mode=0o700)
-    counters = stats.DispatchStats()
+    counters = counts.DispatchStats()
     counters._install_exit_hooks = lambda: None  # type: ignore[method-assign]
     counters._start_writer = lambda: None  # type: ignore[method-assign]
     count = counters.counter(PATCH)
@@ -167,14 +169,10 @@ def test_two_directories_on_one_file_system_share_one_page(tmp_path: Path) -> No
     assert (metrics_dir / name).stat().st_ino == (stats_dir / name).stat().st_ino
     assert counters.distinct_pages == 1
     for directory in (metrics_dir, stats_dir):
-        assert counts_page.read_counts_page(directory / name) == {
-            PATCH: {KEPT_OFF_DECODE: 2}
-        }
+        assert page.read_counts_page(directory / name) == {PATCH: {KEPT_OFF_DECODE: 2}}
     # One directory given up (its record could not be written): the other's
     # name for the page stays, and counting goes on there.
     counters._drop_page(metrics_dir)
     count(KEPT_OFF_DECODE)
     assert not (metrics_dir / name).exists()
-    assert counts_page.read_counts_page(stats_dir / name) == {
-        PATCH: {KEPT_OFF_DECODE: 3}
-    }
+    assert page.read_counts_page(stats_dir / name) == {PATCH: {KEPT_OFF_DECODE: 3}}

@@ -17,12 +17,14 @@ import pytest
 from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_graphsafe import metrics
-from vllm_graphsafe.stats import (
+from vllm_graphsafe import plugin
+from vllm_graphsafe.counts import (
     ROLE_API_SERVER,
     ROLE_ENGINE_CORE,
     ROLE_MAIN,
     ROLE_WORKER,
+    metrics,
+    roles,
 )
 
 KEPT = "prefill_kept_off_decode_graph"
@@ -131,8 +133,8 @@ def test_the_example_alert_names_a_metric_that_exists() -> None:
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Module state as in a process that has not loaded the plugin; the
     collector class put back as it was after the test."""
-    monkeypatch.setattr(metrics, "_prepared_in_pid", None)
-    monkeypatch.setattr(metrics, "_prepared_directory", None)
+    monkeypatch.setattr(plugin, "_prepared_in_pid", None)
+    monkeypatch.setattr(plugin, "_prepared_directory", None)
     monkeypatch.setattr(metrics, "_warned", False)
     collector_class = multiprocess.MultiProcessCollector
     monkeypatch.setattr(collector_class, "collect", collector_class.collect)
@@ -276,10 +278,10 @@ def test_an_api_server_vllm_spawned_serves_the_directory_it_inherited(
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setenv("GRAPHSAFE_METRICS_DIR", str(records))
-    monkeypatch.setattr(metrics, "process_role", lambda name: ROLE_API_SERVER)
+    monkeypatch.setattr(roles, "process_role", lambda name: ROLE_API_SERVER)
     monkeypatch.setattr(multiprocessing.current_process(), "name", "ApiServer_1")
-    assert not metrics.is_root_process()
-    assert metrics.prepare_metrics_directory() == records
+    assert not roles.is_root_process()
+    assert plugin.prepare_metrics_directory() == records
     assert list(temp.iterdir()) == []  # no directory of its own
     assert os.environ["GRAPHSAFE_METRICS_DIR"] == str(records)
     assert kept_off(served_per_scrape(prometheus_dir)) == 7
@@ -319,9 +321,9 @@ def test_only_vllms_serving_processes_join_the_inherited_directory(
     inherited = tmp_path / "records"
     inherited.mkdir(mode=0o700)
     monkeypatch.setenv("GRAPHSAFE_METRICS_DIR", str(inherited))
-    monkeypatch.setattr(metrics, "process_role", lambda _: role)
+    monkeypatch.setattr(roles, "process_role", lambda _: role)
     monkeypatch.setattr(multiprocessing.current_process(), "name", name)
-    assert metrics.prepare_metrics_directory() == (inherited if joins else None)
+    assert plugin.prepare_metrics_directory() == (inherited if joins else None)
 
 
 def test_the_directory_is_removed_though_a_late_record_lands_in_it(
@@ -345,6 +347,6 @@ def test_the_directory_is_removed_though_a_late_record_lands_in_it(
         real_rmtree(path, ignore_errors=ignore_errors)
 
     monkeypatch.setattr(shutil, "rmtree", racing_rmtree)
-    metrics._remove_directory(directory, os.getpid())
+    metrics.remove_directory(directory, os.getpid())
     assert not directory.exists()
     assert len(calls) == 2

@@ -87,9 +87,15 @@ def test_the_emulator_switch_reads_its_variable() -> None:
     assert not settings.emulate_graph_hazard({})
 
 
-def test_the_default_patch_ids_are_the_packages_own() -> None:
-    read = read_settings({"GRAPHSAFE_DISABLE": "mrv2-phase-dispatch"})
+def test_the_plugin_checks_ids_against_the_packages_own_patches() -> None:
+    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.registry import Registry
+
+    registry = Registry(all_patches())
+    read = registry.read_settings({"GRAPHSAFE_DISABLE": "mrv2-phase-dispatch"})
     assert read.problems == ()
+    (problem,) = registry.read_settings({"GRAPHSAFE_DISABLE": "nonsense-id"}).problems
+    assert "'nonsense-id'" in problem and "mrv2-phase-dispatch" in problem
 
 
 def test_problems_are_warned_once_per_process(

@@ -19,8 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe import stats
-from vllm_graphsafe.stats import DispatchStats, StatsDirError, read_stats_dir
+from vllm_graphsafe import counts
+from vllm_graphsafe.counts import (
+    DispatchStats,
+    StatsDirError,
+    private_files,
+    read_stats_dir,
+)
 
 SECRET = "sk-graphsafe-test-secret-4f1a"
 
@@ -50,11 +55,11 @@ def only_record(directory: Path) -> dict[str, object]:
 
 COUNT_THEN_WAIT = """
     import sys, time
-    from vllm_graphsafe import stats
-    stats.configure_from_environment()
-    count = stats.STATS.counter("v1-phase-dispatch")
+    from vllm_graphsafe import counts, plugin
+    plugin.configure_counts()
+    count = counts.STATS.counter("v1-phase-dispatch")
     for _ in range(int(sys.argv[1])):
-        count(stats.KEPT_OFF_DECODE)
+        count(counts.KEPT_OFF_DECODE)
     print("counted", flush=True)
     time.sleep(float(sys.argv[2]))
 """
@@ -103,7 +108,7 @@ def test_counts_are_flushed_when_the_process_is_signalled(
     assert record["counts"] == {"v1-phase-dispatch": {KEPT: 1234}}
 
 
-KEPT = stats.KEPT_OFF_DECODE
+KEPT = counts.KEPT_OFF_DECODE
 
 
 def test_a_handler_installed_before_is_still_called(tmp_path: Path) -> None:
@@ -158,7 +163,7 @@ def test_counting_writes_nothing_on_the_calling_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writers: list[str] = []
-    real_write = stats.write_private_file
+    real_write = private_files.write_private_file
 
     def recording_write(directory: Path, name: str, data: bytes) -> None:
         import threading
@@ -166,22 +171,22 @@ def test_counting_writes_nothing_on_the_calling_thread(
         writers.append(threading.current_thread().name)
         real_write(directory, name, data)
 
-    monkeypatch.setattr(stats, "write_private_file", recording_write)
+    monkeypatch.setattr(private_files, "write_private_file", recording_write)
     counters = DispatchStats()
     monkeypatch.setattr(counters, "_install_exit_hooks", lambda: None)
     counters.configure(tmp_path)
     count = counters.counter("v1-phase-dispatch")
     for _ in range(10_000):
-        count(stats.UNIFORM_DECODE)
-    counters.count("v1-dummy-staging", stats.STAGED_DUMMY)
+        count(counts.UNIFORM_DECODE)
+    counters.count("v1-dummy-staging", counts.STAGED_DUMMY)
     deadline = time.monotonic() + 3
     while not writers and time.monotonic() < deadline:
         time.sleep(0.05)
     assert writers and set(writers) == {"graphsafe-stats-writer"}
     record = only_record(tmp_path)
     assert record["counts"] == {
-        "v1-phase-dispatch": {stats.UNIFORM_DECODE: 10_000},
-        "v1-dummy-staging": {stats.STAGED_DUMMY: 1},
+        "v1-phase-dispatch": {counts.UNIFORM_DECODE: 10_000},
+        "v1-dummy-staging": {counts.STAGED_DUMMY: 1},
     }
 
 
@@ -190,8 +195,8 @@ def test_records_identify_the_process_and_nothing_of_its_command_line(
 ) -> None:
     stats_dir = tmp_path / "stats"
     code = """
-        from vllm_graphsafe import stats
-        stats.configure_from_environment()
+        from vllm_graphsafe import plugin
+        plugin.configure_counts()
     """
     process = child(code, {"GRAPHSAFE_STATS_DIR": str(stats_dir)}, "--api-key", SECRET)
     assert process.returncode == 0, process.stderr.read() if process.stderr else ""
@@ -208,8 +213,8 @@ def test_records_identify_the_process_and_nothing_of_its_command_line(
 def test_files_are_0600_and_a_created_directory_is_0700(tmp_path: Path) -> None:
     stats_dir = tmp_path / "made" / "stats"
     code = """
-        from vllm_graphsafe import stats
-        stats.configure_from_environment()
+        from vllm_graphsafe import plugin
+        plugin.configure_counts()
     """
     process = child(code, {"GRAPHSAFE_STATS_DIR": str(stats_dir)})
     assert process.returncode == 0
@@ -238,21 +243,21 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
     link = directory / planted.format(pid=os.getpid())
     link.symlink_to(target)
     names = iter([".planted.tmp", ".fresh.tmp", ".planted.tmp", ".fresh-2.tmp"])
-    monkeypatch.setattr(stats, "temporary_name", lambda pid: next(names))
+    monkeypatch.setattr(private_files, "temporary_name", lambda pid: next(names))
     errors: list[OSError] = []
     counters = DispatchStats()
     monkeypatch.setattr(counters, "_install_exit_hooks", lambda: None)
     monkeypatch.setattr(counters, "_start_writer", lambda: None)
     counters.on_write_error = lambda _, error: errors.append(error)
     counters.configure(directory)
-    counters.count("v1-phase-dispatch", stats.UNIFORM_DECODE)
+    counters.count("v1-phase-dispatch", counts.UNIFORM_DECODE)
 
     counters.flush()
 
     assert target.read_text() == "untouched"
     assert link.is_symlink()
     if refused:
-        assert len(errors) == 1 and isinstance(errors[0], stats.UnsafeTargetError)
+        assert len(errors) == 1 and isinstance(errors[0], counts.UnsafeTargetError)
         # No temporary, and no counts page: nothing of it is left there.
         assert [p.name for p in directory.iterdir()] == [link.name]
         assert counters.directories == []  # it stops writing there
@@ -265,7 +270,7 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
         assert not final.is_symlink()
         assert stat.S_IMODE(final.stat().st_mode) == 0o600
         record = json.loads(final.read_text())
-        assert record["counts"]["v1-phase-dispatch"][stats.UNIFORM_DECODE] == 1
+        assert record["counts"]["v1-phase-dispatch"][counts.UNIFORM_DECODE] == 1
         assert counters.directories == [directory]
 
 
@@ -274,8 +279,8 @@ def run_configure(env: dict[str, str]) -> subprocess.Popen[str]:
         """
         import logging
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
-        from vllm_graphsafe import stats
-        stats.configure_from_environment()
+        from vllm_graphsafe import plugin
+        plugin.configure_counts()
         print("served", flush=True)
         """,
         env,
@@ -357,14 +362,15 @@ def test_a_multiprocessing_child_flushes_when_it_returns(tmp_path: Path) -> None
     stats_dir = tmp_path / "stats"
     code = """
         import multiprocessing
-        from vllm_graphsafe import stats
+        from vllm_graphsafe import counts, plugin
+        from vllm_graphsafe.counts import writer
 
         def engine_process():
-            stats.WRITE_INTERVAL_S = 3600  # no periodic write: only the exit one
-            stats.configure_from_environment()
-            count = stats.STATS.counter("v1-phase-dispatch")
+            writer.WRITE_INTERVAL_S = 3600  # no periodic write: only the exit one
+            plugin.configure_counts()
+            count = counts.STATS.counter("v1-phase-dispatch")
             for _ in range(7):
-                count(stats.KEPT_OFF_DECODE)
+                count(counts.KEPT_OFF_DECODE)
 
         child = multiprocessing.get_context("fork").Process(
             target=engine_process, name="VllmWorker-0"

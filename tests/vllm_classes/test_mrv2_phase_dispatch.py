@@ -43,7 +43,7 @@ from tests.vllm_classes.mrv2_state import (
     make_step,
     propose,
 )
-from vllm_graphsafe import stats
+from vllm_graphsafe import counts
 from vllm_graphsafe.registry import HookPoint, PatchState, SourceReader, is_hooked
 from vllm_graphsafe.settings import read_settings
 
@@ -514,7 +514,7 @@ def test_hook_points_cover_the_release_shape_only_speculators() -> None:
 
 def test_decisions_are_counted_in_stats(monkeypatch: pytest.MonkeyPatch) -> None:
     module = importlib.import_module(RUNNER_MODULE)
-    stats.STATS.reset()
+    counts.STATS.reset()
     for reqs, dummy in [
         (fresh_prompts(4), False),
         (all_decode(4), False),
@@ -529,16 +529,16 @@ def test_decisions_are_counted_in_stats(monkeypatch: pytest.MonkeyPatch) -> None
         run_execute_model(make_step(reqs, 4), dummy_run=dummy)
         monkeypatch.undo()
 
-    counts = stats.STATS.snapshot().get(PATCH_ID, {})
+    decided = counts.STATS.snapshot().get(PATCH_ID, {})
     if the_patch().state is PatchState.APPLIED:
-        assert counts == {
-            stats.KEPT_OFF_DECODE: 1,
-            stats.UNIFORM_DECODE: 1,
-            stats.NON_UNIFORM: 1,
-            stats.DUMMY: 1,
+        assert decided == {
+            counts.KEPT_OFF_DECODE: 1,
+            counts.UNIFORM_DECODE: 1,
+            counts.NON_UNIFORM: 1,
+            counts.DUMMY: 1,
         }
     else:
-        assert counts == {}
+        assert decided == {}
 
 
 # -- layouts, judged by source text ---------------------------------------------

@@ -21,7 +21,7 @@ from tests.vllm_classes.v1_runner import (
     make_runner,
     run_dispatch,
 )
-from vllm_graphsafe import stats
+from vllm_graphsafe import counts
 
 SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
 
@@ -107,13 +107,13 @@ def test_real_step_classification(case: str, spec_tokens: int) -> None:
     record = DispatchRecord()
     runner = make_runner(q, input_batch(rows), record)
 
-    stats.STATS.reset()
+    counts.STATS.reset()
     run_dispatch(runner, [row.scheduled for row in rows])
 
     expected = expected_uniform_decode(rows, q)
     assert record.uniform_decode == [expected]
     if patch_is_applied():
-        assert stats.STATS.snapshot().get(PATCH_ID) == {expected_event(rows, q): 1}
+        assert counts.STATS.snapshot().get(PATCH_ID) == {expected_event(rows, q): 1}
 
 
 def patch_is_applied() -> bool:
@@ -126,10 +126,10 @@ def patch_is_applied() -> bool:
 def expected_event(rows: list[Row], decode_query_len: int) -> str:
     """The decision counter a step must move: derived from its rows."""
     if not all(row.scheduled == decode_query_len for row in rows):
-        return stats.NON_UNIFORM
+        return counts.NON_UNIFORM
     if any(row.in_prefill for row in rows):
-        return stats.KEPT_OFF_DECODE
-    return stats.UNIFORM_DECODE
+        return counts.KEPT_OFF_DECODE
+    return counts.UNIFORM_DECODE
 
 
 @pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)

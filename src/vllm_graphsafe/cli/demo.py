@@ -307,9 +307,8 @@ def _show_hazard(
 
 
 def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int:
-    from vllm_graphsafe import metrics
     from vllm_graphsafe.cli import doctor
-    from vllm_graphsafe.stats import read_stats_dir, render_stats
+    from vllm_graphsafe.counts import metrics, read_stats_dir, render_stats
 
     section("doctor (this environment)")
     print(doctor.render_report(doctor.collect_report(False, None)))
@@ -371,7 +370,7 @@ def _metrics_lines(base_url: str) -> list[str]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_graphsafe import metrics
+    from vllm_graphsafe.counts import metrics
 
     try:
         text = httpx.get(f"{base_url}/metrics", timeout=10).text

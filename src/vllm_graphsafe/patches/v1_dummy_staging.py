@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import recognition, stats
+from vllm_graphsafe import counts as stats
+from vllm_graphsafe import recognition
 from vllm_graphsafe.logic.staging import stage_dummy_batch
 from vllm_graphsafe.registry import (
     HookPoint,

@@ -12,7 +12,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from vllm_graphsafe import recognition, stats
+from vllm_graphsafe import counts as stats
+from vllm_graphsafe import recognition
 from vllm_graphsafe.logic.phase import RowPrefix
 from vllm_graphsafe.registry import (
     HookPoint,

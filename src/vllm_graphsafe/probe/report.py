@@ -133,7 +133,7 @@ def write_report(path: str, report: Mapping[str, Any]) -> None:
 
 def read_dispatch_stats(directory: str) -> dict[str, Any]:
     """The summed statistics the server's processes wrote, or a ``ProbeError``."""
-    from vllm_graphsafe.stats import StatsDirError, read_stats_dir
+    from vllm_graphsafe.counts import StatsDirError, read_stats_dir
 
     try:
         return read_stats_dir(directory)
@@ -147,7 +147,7 @@ def read_dispatch_stats(directory: str) -> dict[str, Any]:
 
 
 def render_dispatch_stats(stats: dict[str, Any]) -> list[str]:
-    from vllm_graphsafe.stats import render_stats
+    from vllm_graphsafe.counts import render_stats
 
     return render_stats(stats)
 

@@ -1,23 +1,22 @@
 """The plugin's decisions and patch states on vLLM's own ``/metrics``.
 
 The decisions are made in the engine-core and worker processes; ``/metrics``
-is served by the API server process. With no configuration, the plugin in the
-API server creates a private directory (mode 0700, unpredictable name) and
-names it in ``GRAPHSAFE_METRICS_DIR`` before vLLM starts its engine processes,
-which inherit it; every process leaves its record there (see ``stats``), and a
+is served by the API server process. The API server creates a private
+directory (mode 0700, unpredictable name) before vLLM starts its engine
+processes, which inherit it (the plugin hands it on, see
+:mod:`vllm_graphsafe.plugin`); every process leaves its record there, and a
 collector registered on prometheus_client's default registry, the one vLLM
 serves, sums the records at scrape time. Nothing is read on the step path.
 
-With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it for ``--api-server-count``
-above 1), ``/metrics`` is served from a new registry holding one
-prometheus_client ``MultiProcessCollector`` (prometheus-fastapi-instrumentator
-builds one per scrape; vLLM's ``get_prometheus_registry`` one per call), not
-from the default registry. In the API server processes vLLM spawns
-(``ApiServer_N``, which inherit the directory) the plugin wraps that class's
-``collect`` so it also yields the plugin's families, read from the directory.
-One process answers each scrape and reads every record once: nothing is counted
-twice. Should anything in the hook fail, vLLM's own metrics are served as
-before, without the plugin's, after one warning.
+Where ``/metrics`` is served from a multi-process registry instead
+(``--api-server-count`` above 1), it holds one prometheus_client
+``MultiProcessCollector`` (prometheus-fastapi-instrumentator builds one per
+scrape; vLLM's ``get_prometheus_registry`` one per call), not the default
+registry. There the plugin wraps that class's ``collect`` so it also yields the
+plugin's families, read from the directory. One process answers each scrape
+and reads every record once: nothing is counted twice. Should anything in the
+hook fail, vLLM's own metrics are served as before, without the plugin's, after
+one warning.
 """
 
 from __future__ import annotations
@@ -25,11 +24,9 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
-import stat
 import tempfile
 import time
 from collections import defaultdict
@@ -37,15 +34,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe.counts.records import read_records_leniently
 from vllm_graphsafe.registry import PatchState
-from vllm_graphsafe.settings import METRICS_DIR_ENV, read_settings
-from vllm_graphsafe.stats import (
-    ROLE_API_SERVER,
-    ROLE_ENGINE_CORE,
-    ROLE_WORKER,
-    process_role,
-    read_records_leniently,
-)
 
 DECISIONS = "graphsafe_dispatch_decisions"
 DECISIONS_HELP = (
@@ -68,78 +58,23 @@ EXAMPLE_ALERT = f"""\
     summary: "vllm-graphsafe patch {{{{ $labels.patch }}}} failed; vLLM runs without it"
 """
 
-#: The names vLLM gives the API server processes it spawns (``ApiServer_0``...).
-SPAWNED_API_SERVER_PREFIX = "ApiServer"
-#: Set where vLLM serves a multi-process registry (``--api-server-count`` above 1).
-MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
 logger = logging.getLogger("vllm.graphsafe")
 
 #: Tries at removing the directory at exit, 0.1 s apart.
 REMOVAL_ATTEMPTS = 20
 
-_prepared_in_pid: int | None = None
-_prepared_directory: Path | None = None
 _warned = False
 
 
-def is_root_process() -> bool:
-    """Whether this process creates the directory: the one the operator started
-    to serve ``/metrics``, not an engine process nor an API server vLLM spawned."""
-    name = multiprocessing.current_process().name
-    return process_role(name) == ROLE_API_SERVER and not is_spawned_api_server()
-
-
-def serves_vllm() -> bool:
-    """Whether this process is one of vLLM's serving processes below the root:
-    an engine core, a worker, or an API server vLLM spawned. Others that inherit
-    the directory (vLLM's model-inspection subprocess, a script started from the
-    server's environment) stay out of ``/metrics``."""
-    role = process_role(multiprocessing.current_process().name)
-    return role in (ROLE_ENGINE_CORE, ROLE_WORKER) or is_spawned_api_server()
-
-
-def is_spawned_api_server() -> bool:
-    """Whether vLLM spawned this process to serve (``--api-server-count`` above 1)."""
-    return multiprocessing.current_process().name.startswith(SPAWNED_API_SERVER_PREFIX)
-
-
-def prepare_metrics_directory() -> Path | None:
-    """This process's metrics directory: created here in the API server, else inherited.
-
-    Idempotent within a process. Returns None where there is none to use.
-    """
-    global _prepared_in_pid, _prepared_directory
-    if _prepared_in_pid == os.getpid():
-        return _prepared_directory
-    _prepared_in_pid = os.getpid()
-    _prepared_directory = None
-    if is_root_process():
-        directory = _created_with_removal_at_exit()
-        if directory is None:
-            return None
-        os.environ[METRICS_DIR_ENV] = str(directory)
-        register_collector(directory)
-        if os.environ.get(MULTIPROC_DIR_ENV):  # set by the operator: served instead
-            serve_with_multiprocess_collector(directory)
-        _prepared_directory = directory
-        return directory
-    inherited = read_settings().metrics_dir
-    if inherited and serves_vllm() and is_private_directory(Path(inherited)):
-        _prepared_directory = Path(inherited)
-        if is_spawned_api_server():
-            serve_with_multiprocess_collector(_prepared_directory)
-    return _prepared_directory
-
-
-def _created_with_removal_at_exit() -> Path | None:
-    """A new private directory, its removal at exit registered before any
-    SIGINT or SIGTERM can end the process in between."""
+def create_metrics_directory() -> Path | None:
+    """A new private directory, removed when this process exits; None where
+    none can be made. The removal is registered before any SIGINT or SIGTERM
+    can end the process in between."""
     deferred = {signal.SIGINT, signal.SIGTERM}
     held = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
     try:
         directory = Path(tempfile.mkdtemp(prefix="graphsafe-metrics-"))
-        atexit.register(_remove_directory, directory, os.getpid())
+        atexit.register(remove_directory, directory, os.getpid())
     except OSError:
         return None
     finally:
@@ -147,20 +82,7 @@ def _created_with_removal_at_exit() -> Path | None:
     return directory
 
 
-def is_private_directory(path: Path) -> bool:
-    """A real directory of this user that nobody else can enter."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(info.st_mode)
-        and info.st_uid == os.getuid()
-        and not info.st_mode & 0o077
-    )
-
-
-def _remove_directory(directory: Path, owner_pid: int) -> None:
+def remove_directory(directory: Path, owner_pid: int) -> None:
     # Engine processes signalled with this one may still be writing their last
     # records into it: remove what they add until the directory itself is gone.
     if os.getpid() != owner_pid:

@@ -20,14 +20,18 @@ name is a hard link to the first page: one store counts in both.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import mmap
 import os
-import stat
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+
+from vllm_graphsafe.counts.private_files import (
+    create_private_file,
+    link_private_file,
+    remove_private_file,
+)
 
 MAGIC = b"graphsafe-counts-1\n\0"
 LAYOUT_AT = 32
@@ -36,7 +40,10 @@ PAGE_SIZE = 4096
 SLOTS = (PAGE_SIZE - VALUES_AT) // 8
 SUFFIX = ".counts"
 _LENGTH = struct.Struct("=I")
-_FILE_MODE = 0o600
+
+
+def page_name(pid: int) -> str:
+    return f"{pid}{SUFFIX}"
 
 
 class CountsPage:
@@ -49,41 +56,20 @@ class CountsPage:
         self._names: list[list[str]] = []
 
     @classmethod
-    def create(
-        cls, directory: Path, pid: int, temporary_name: Callable[[], str]
-    ) -> CountsPage:
+    def create(cls, directory: Path, pid: int) -> CountsPage:
         """Map a fresh, zeroed page at ``directory/<pid>.counts``.
 
-        Created at a temporary name (``O_EXCL``, ``O_NOFOLLOW``, mode 0600) and
-        renamed over the final name only when that is absent or a regular file
-        of ours. Raises ``OSError`` otherwise.
+        A private file (see :mod:`vllm_graphsafe.counts.private_files`): raises
+        ``OSError`` where its name is taken by a link or another user's file.
         """
-        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            for _ in range(4):
-                staging = temporary_name()
-                try:
-                    fd = os.open(staging, flags, _FILE_MODE, dir_fd=directory_fd)
-                    break
-                except FileExistsError:
-                    continue
-            else:
-                raise FileExistsError(f"no free temporary name in {directory}")
-            try:
-                os.ftruncate(fd, PAGE_SIZE)
-                mapping = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED)
-                mapping[: len(MAGIC)] = MAGIC
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(staging, dir_fd=directory_fd)
-                raise
-            finally:
-                os.close(fd)
-            replace_staged(directory_fd, staging, f"{pid}{SUFFIX}")
-        finally:
-            os.close(directory_fd)
-        return cls(mapping)
+
+        def map_page(fd: int) -> mmap.mmap:
+            os.ftruncate(fd, PAGE_SIZE)
+            mapping = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED)
+            mapping[: len(MAGIC)] = MAGIC
+            return mapping
+
+        return cls(create_private_file(directory, page_name(pid), map_page))
 
     def add_slot(self, patch_id: str, event: str) -> int | None:
         """The slot for a new name, or None when the page is full."""
@@ -106,72 +92,17 @@ class CountsPage:
         self._mapping.close()
 
 
-def link_page(
-    source: Path, directory: Path, pid: int, temporary_name: Callable[[], str]
-) -> None:
+def link_page(source: Path, directory: Path, pid: int) -> None:
     """Make ``directory/<pid>.counts`` a hard link to the page in ``source``.
 
-    The link is made at a temporary name and renamed over the final name only
-    when that is absent or a regular file of ours. Raises ``OSError`` otherwise
-    (another file system among them).
+    Raises ``OSError`` where that cannot be done (another file system among them).
     """
-    name = f"{pid}{SUFFIX}"
-    source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            staging = temporary_name()
-            os.link(
-                name,
-                staging,
-                src_dir_fd=source_fd,
-                dst_dir_fd=directory_fd,
-                follow_symlinks=False,
-            )
-            replace_staged(directory_fd, staging, name)
-        finally:
-            os.close(directory_fd)
-    finally:
-        os.close(source_fd)
+    link_private_file(source, directory, page_name(pid))
 
 
 def remove_page(directory: Path, pid: int) -> None:
     """Unlink ``directory/<pid>.counts`` where it is a regular file of ours."""
-    with contextlib.suppress(OSError):
-        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            check_replaceable(directory_fd, f"{pid}{SUFFIX}")
-            os.unlink(f"{pid}{SUFFIX}", dir_fd=directory_fd)
-        finally:
-            os.close(directory_fd)
-
-
-class UnsafeTargetError(OSError):
-    """A file's name is taken by something that is not our regular file."""
-
-
-def check_replaceable(directory_fd: int, name: str) -> None:
-    """Raise :class:`UnsafeTargetError` unless ``name`` is absent or ours, regular."""
-    try:
-        info = os.lstat(name, dir_fd=directory_fd)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-        raise UnsafeTargetError(
-            f"{name} is a link or another user's file; it is left as it is"
-        )
-
-
-def replace_staged(directory_fd: int, staging: str, name: str) -> None:
-    """Rename ``staging`` over ``name`` where that is safe; else remove ``staging``
-    and raise."""
-    try:
-        check_replaceable(directory_fd, name)
-        os.replace(staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(staging, dir_fd=directory_fd)
-        raise
+    remove_private_file(directory, page_name(pid))
 
 
 def read_counts_page(path: Path) -> dict[str, dict[str, int]] | None:

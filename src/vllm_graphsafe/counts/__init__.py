@@ -1,0 +1,60 @@
+"""The dispatch decisions the fixes count, on disk for doctor, probe and ``/metrics``.
+
+Each process counts in memory (:data:`STATS`); once the plugin hands it
+directories, each count is also stored in a counts page there (:mod:`.page`)
+and a thread writes the process's record (:mod:`.records`, :mod:`.writer`).
+Every file is private (:mod:`.private_files`). :mod:`.metrics` serves the
+records on vLLM's ``/metrics``. Nothing here reads the environment: the plugin
+decides the directories and hands them over.
+"""
+
+from __future__ import annotations
+
+from vllm_graphsafe.counts.counter import STATS, DispatchStats
+from vllm_graphsafe.counts.events import (
+    DUMMY,
+    KEPT_OFF_DECODE,
+    NON_UNIFORM,
+    STAGED_DUMMY,
+    UNIFORM_DECODE,
+)
+from vllm_graphsafe.counts.private_files import UnsafeTargetError
+from vllm_graphsafe.counts.records import (
+    StatsDirError,
+    check_record,
+    read_process_files,
+    read_records_leniently,
+    read_stats_dir,
+    summarize,
+)
+from vllm_graphsafe.counts.render import render_stats
+from vllm_graphsafe.counts.roles import (
+    ROLE_API_SERVER,
+    ROLE_ENGINE_CORE,
+    ROLE_MAIN,
+    ROLE_WORKER,
+    process_role,
+)
+
+__all__ = [
+    "DUMMY",
+    "KEPT_OFF_DECODE",
+    "NON_UNIFORM",
+    "ROLE_API_SERVER",
+    "ROLE_ENGINE_CORE",
+    "ROLE_MAIN",
+    "ROLE_WORKER",
+    "STAGED_DUMMY",
+    "STATS",
+    "UNIFORM_DECODE",
+    "DispatchStats",
+    "StatsDirError",
+    "UnsafeTargetError",
+    "check_record",
+    "process_role",
+    "read_process_files",
+    "read_records_leniently",
+    "read_stats_dir",
+    "render_stats",
+    "summarize",
+]

@@ -1,0 +1,252 @@
+"""Per-process dispatch decision counters, readable from outside the process.
+
+Each process counts its decisions in memory: ``count(event)`` is one dictionary
+increment, nothing more, until a directory is configured. From then on each
+count is also stored in the process's counts page there (one memory write into
+a shared file mapping, see :mod:`vllm_graphsafe.counts.page`), which outlives
+even SIGKILL, and the process's record is written there by a thread (see
+:mod:`vllm_graphsafe.counts.writer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vllm_graphsafe.counts.page import CountsPage, link_page, remove_page
+from vllm_graphsafe.counts.records import process_record, write_record
+from vllm_graphsafe.counts.writer import RecordWriter, install_exit_hooks
+
+
+class DispatchStats:
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        #: Returns this process's patch states, written beside the counters.
+        self.describe_patches: Callable[[], dict[str, str]] = dict
+        #: Returns the ids of the patches whose wrappers are in place here.
+        self.wrapped_patches: Callable[[], list[str]] = list
+        self._directories: list[Path] = []
+        self._write_lock = threading.RLock()
+        self._writer = self._new_writer()
+        self._last_written: dict[Path, bytes] = {}
+        self._exit_hooks_installed = False
+        self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
+        #: These three are mutated in place only: counters handed out hold them.
+        self._pages: list[CountsPage] = []
+        self._page_in: dict[Path, CountsPage] = {}
+        #: Each page's counts, as 8-byte integers by slot.
+        self._page_values: list[memoryview] = []
+        #: Each event's slot in every page, by patch; -1 where the pages are full.
+        self._slots: dict[str, dict[str, int]] = defaultdict(dict)
+        self._page_lock = threading.Lock()
+
+    def _new_writer(self) -> RecordWriter:
+        return RecordWriter(
+            functools.partial(self.flush, only_if_changed=True), self.total
+        )
+
+    # -- the per-step path: a dictionary increment, and a store into the page --
+
+    def count(self, patch_id: str, event: str) -> None:
+        self.counter(patch_id)(event)
+
+    def counter(self, patch_id: str) -> Callable[[str], None]:
+        """``count`` bound to one patch, for the per-step path."""
+        events = self.counts[patch_id]
+        page_values = self._page_values
+        slots = self._slots[patch_id]
+        add_slot = self._add_slot
+
+        def count(event: str) -> None:
+            value = events[event] + 1
+            events[event] = value
+            if page_values:
+                slot = slots.get(event)
+                if slot is None:
+                    slot = add_slot(patch_id, event)
+                if slot >= 0:
+                    for values in page_values:
+                        values[slot] = value
+
+        return count
+
+    def _add_slot(self, patch_id: str, event: str) -> int:
+        with self._page_lock:
+            slot = self._slots[patch_id].get(event)
+            if slot is None:
+                added = {page.add_slot(patch_id, event) for page in self._pages}
+                slot = added.pop() if len(added) == 1 else None
+                slot = -1 if slot is None else slot
+                self._slots[patch_id][event] = slot
+            return slot
+
+    def _store_all(self) -> None:
+        """Put every in-memory count into every page."""
+        for patch_id, events in list(self.counts.items()):
+            for event, value in list(events.items()):
+                slot = self._slots[patch_id].get(event)
+                if slot is None:
+                    slot = self._add_slot(patch_id, event)
+                if slot >= 0:
+                    for values in self._page_values:
+                        values[slot] = value
+
+    # -- everything else ------------------------------------------------------
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {
+            patch: dict(events) for patch, events in list(self.counts.items()) if events
+        }
+
+    def total(self) -> int:
+        return sum(sum(events.values()) for events in list(self.counts.values()))
+
+    def reset(self) -> None:
+        # Counters handed out by counter() keep their dictionaries.
+        for events in self.counts.values():
+            events.clear()
+        for slots in self._slots.values():
+            for slot in slots.values():
+                if slot >= 0:
+                    for values in self._page_values:
+                        values[slot] = 0
+
+    @property
+    def directories(self) -> list[Path]:
+        return list(self._directories)
+
+    @property
+    def distinct_pages(self) -> int:
+        """How many counts pages each count is stored into."""
+        return len(self._pages)
+
+    def configure(self, *directories: str | os.PathLike[str] | None) -> None:
+        """Write this process's record into each directory from now on."""
+        for directory in directories:
+            if directory and Path(directory) not in self._directories:
+                self._directories.append(Path(directory))
+                self._map_page(Path(directory))
+        if self._directories:
+            self._start_writer()
+            self._install_exit_hooks()
+
+    def _map_page(self, directory: Path) -> None:
+        """Add a counts page in ``directory``, holding every count made so far:
+        a link to this process's first page where the file system allows."""
+        with self._page_lock:
+            pid = os.getpid()
+            for linked_from, first in list(self._page_in.items())[:1]:
+                try:
+                    link_page(linked_from, directory, pid)
+                except OSError:
+                    break
+                self._page_in[directory] = first
+                return
+            try:
+                page = CountsPage.create(directory, pid)
+            except (OSError, ValueError):
+                return  # the record still carries the counts
+            named = sorted(
+                (slot, patch_id, event)
+                for patch_id, slots in self._slots.items()
+                for event, slot in slots.items()
+                if slot >= 0
+            )
+            for slot, patch_id, event in named:
+                if page.add_slot(patch_id, event) != slot:
+                    page.close()
+                    return
+            self._pages.append(page)
+            self._page_values.append(page.values)
+            self._page_in[directory] = page
+        self._store_all()
+
+    def _drop_page(self, directory: Path) -> None:
+        """Stop storing into ``directory``'s page and remove it.
+
+        The mapping is left to the garbage collector: the step thread may be
+        storing into it at this moment.
+        """
+        with self._page_lock:
+            page = self._page_in.pop(directory, None)
+            if page is None:
+                return
+            if page not in self._page_in.values():  # no other name for it
+                self._pages.remove(page)
+                self._page_values.remove(page.values)
+        remove_page(directory, os.getpid())
+
+    def record(self) -> dict[str, Any]:
+        return process_record(
+            self.describe_patches(), self.wrapped_patches(), self.snapshot()
+        )
+
+    def flush(self, *, only_if_changed: bool = False) -> None:
+        """Write this process's record into every configured directory now."""
+        with self._write_lock:
+            if not self._directories:
+                return
+            record = self.record()
+            comparable = json.dumps({**record, "written_at": 0}, sort_keys=True)
+            data = json.dumps(record, sort_keys=True).encode()
+            for directory in list(self._directories):
+                key = comparable.encode()
+                if only_if_changed and self._last_written.get(directory) == key:
+                    continue
+                try:
+                    write_record(directory, os.getpid(), data)
+                except OSError as error:
+                    self._directories.remove(directory)
+                    self._drop_page(directory)
+                    self.on_write_error(directory, error)
+                    continue
+                self._last_written[directory] = key
+
+    def announce(self, target: logging.Logger, message: str) -> None:
+        """Log ``message`` at INFO now, or once vLLM has configured its logging."""
+        self._writer.announce(target, message)
+
+    def _start_writer(self) -> None:
+        self._writer.start()
+
+    def _install_exit_hooks(self) -> None:
+        if self._exit_hooks_installed:
+            return
+        self._exit_hooks_installed = True
+        install_exit_hooks(self.flush)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts with no writer, directories or counts of its own."""
+        self._writer = self._new_writer()
+        self._write_lock = threading.RLock()
+        self._directories = []
+        self._last_written = {}
+        self._exit_hooks_installed = False
+        # The parent's mappings are shared: unmap them here, never store into them.
+        self._page_values.clear()
+        for page in self._pages:
+            with contextlib.suppress(BufferError, ValueError):
+                page.close()
+        self._pages.clear()
+        self._page_in.clear()
+        for slots in self._slots.values():
+            slots.clear()
+        self._page_lock = threading.Lock()
+        for events in self.counts.values():
+            events.clear()
+
+
+def _ignore_write_error(directory: Path, error: OSError) -> None:
+    del directory, error
+
+
+STATS = DispatchStats()
+os.register_at_fork(after_in_child=STATS.after_fork_in_child)

@@ -1,0 +1,176 @@
+"""Each process's record: its identity, patch states and counts, as one file.
+
+A record identifies its process by pid, parent pid, role and DP rank, never by
+its command line (which can hold an API key). Readers raise each count to what
+the process's counts page holds, where the page is ahead.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vllm_graphsafe.counts import private_files
+from vllm_graphsafe.counts.page import merged_counts, page_beside, read_counts_page
+from vllm_graphsafe.counts.roles import dp_rank_of, process_role
+
+SUFFIX = ".json"
+
+
+class StatsDirError(ValueError):
+    """A statistics directory that cannot be read; ``str()`` is one sentence."""
+
+
+# -- writing ----------------------------------------------------------------------
+
+
+def process_record(
+    patches: dict[str, str],
+    wrapped: list[str],
+    counts: dict[str, dict[str, int]],
+) -> dict[str, Any]:
+    """This process's record, with its patch states and counts."""
+    name = multiprocessing.current_process().name
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "role": process_role(name),
+        "dp_rank": dp_rank_of(name),
+        "process_name": name,
+        "written_at": time.time(),
+        "patches": patches,
+        "wrapped": wrapped,
+        "counts": counts,
+    }
+
+
+def write_record(directory: Path, pid: int, data: bytes) -> None:
+    """Put the encoded record at ``directory/<pid>.json``, a private file."""
+    private_files.write_private_file(directory, f"{pid}{SUFFIX}", data)
+
+
+# -- reading ----------------------------------------------------------------------
+
+
+def _is_count_map(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(event, str) and isinstance(n, int) and not isinstance(n, bool)
+        for event, n in value.items()
+    )
+
+
+def check_record(record: Any) -> str | None:
+    """Why ``record`` is not a statistics record, or None when it is one."""
+    if not isinstance(record, Mapping):
+        return "it is not a JSON object"
+    if not isinstance(record.get("pid"), int):
+        return "it has no integer pid"
+    patches = record.get("patches", {})
+    if not isinstance(patches, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in patches.items()
+    ):
+        return "its patches are not a map of patch ids to states"
+    counts = record.get("counts", {})
+    if not isinstance(counts, Mapping) or not all(
+        isinstance(k, str) and _is_count_map(v) for k, v in counts.items()
+    ):
+        return "its counts are not a map of patch ids to event counts"
+    return None
+
+
+def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every process's last written record, in pid order.
+
+    Raises :class:`StatsDirError` (one sentence) when the directory or one of
+    its records cannot be read.
+    """
+    path = Path(directory)
+    if not path.exists():
+        raise StatsDirError(f"The statistics directory {path} does not exist.")
+    if not path.is_dir():
+        raise StatsDirError(f"The statistics directory {path} is not a directory.")
+    try:
+        files = sorted(
+            path.glob(f"*{SUFFIX}"), key=lambda file: (len(file.name), file.name)
+        )
+    except OSError as error:
+        raise StatsDirError(
+            f"The statistics directory {path} cannot be read "
+            f"({error.strerror or error})."
+        ) from None
+    return [_read_record(file) for file in files]
+
+
+def _read_record(file: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(file.read_bytes())
+    except OSError as error:
+        raise StatsDirError(
+            f"The statistics file {file} cannot be read ({error.strerror or error})."
+        ) from None
+    except ValueError:
+        raise StatsDirError(
+            f"The statistics file {file} is not valid JSON; remove it or point "
+            "--stats-dir at the directory vLLM writes."
+        ) from None
+    problem = check_record(record)
+    if problem is not None:
+        raise StatsDirError(
+            f"The statistics file {file} is not a vllm-graphsafe statistics record "
+            f"({problem})."
+        )
+    return with_page_counts(record, file)
+
+
+def with_page_counts(record: Mapping[str, Any], file: Path) -> dict[str, Any]:
+    """``record`` with each count raised to what its process's page holds."""
+    stored = read_counts_page(page_beside(file))
+    return {**record, "counts": merged_counts(record.get("counts", {}), stored)}
+
+
+def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The readable records in ``directory``, skipping anything else (for scrapes)."""
+    records = []
+    try:
+        files = list(Path(directory).glob(f"*{SUFFIX}"))
+    except OSError:
+        return []
+    for file in files:
+        try:
+            record = json.loads(file.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if check_record(record) is None:
+            records.append(with_page_counts(record, file))
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the counters of ``records``; count the processes in each patch state."""
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    patch_states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for payload in records:
+        for patch, state in payload.get("patches", {}).items():
+            patch_states[patch][state] += 1
+        for patch, events in payload.get("counts", {}).items():
+            for event, value in events.items():
+                totals[patch][event] += int(value)
+    return {
+        "processes": len(records),
+        "patch_states": {patch: dict(states) for patch, states in patch_states.items()},
+        "counts": {patch: dict(events) for patch, events in totals.items()},
+    }
+
+
+def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Sum the counters every process wrote into ``directory``.
+
+    Raises :class:`StatsDirError` (one sentence) when it cannot be read.
+    """
+    return summarize(read_process_files(directory))
