@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_graphsafe import counts
+from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.counts import metrics, roles
 from vllm_graphsafe.counts.private_files import (
     is_private_directory,
@@ -29,7 +29,7 @@ from vllm_graphsafe.settings import METRICS_DIR_ENV, Settings, read_settings, wa
 #: Set where vLLM serves a multi-process registry (``--api-server-count`` above 1).
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-logger = logging.getLogger("vllm.graphsafe")
+logger = logging.getLogger(vllm_layout.LOGGER)
 
 _REGISTRY: Registry | None = None
 _prepared_in_pid: int | None = None
@@ -178,6 +178,6 @@ def _vllm_logger() -> logging.Logger:
     try:
         from vllm.logger import init_logger
     except ImportError:
-        return logging.getLogger("vllm.graphsafe")
-    vllm_logger: logging.Logger = init_logger("vllm.graphsafe")
+        return logging.getLogger(vllm_layout.LOGGER)
+    vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)
     return vllm_logger

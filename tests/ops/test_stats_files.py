@@ -274,6 +274,42 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
         assert counters.directories == [directory]
 
 
+def test_a_link_at_the_pages_name_is_left_and_the_record_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counts page is refused there as the record would be; the record,
+    which carries the counts too, is written beside the link."""
+    target = tmp_path / "target"
+    target.write_text("untouched")
+    directory = tmp_path / "stats"
+    directory.mkdir(mode=0o700)
+    link = directory / f"{os.getpid()}.counts"
+    link.symlink_to(target)
+    errors: list[OSError] = []
+    counters = DispatchStats()
+    monkeypatch.setattr(counters, "_install_exit_hooks", lambda: None)
+    monkeypatch.setattr(counters, "_start_writer", lambda: None)
+    counters.on_write_error = lambda _, error: errors.append(error)
+    counters.configure(directory)
+    counters.count("v1-phase-dispatch", counts.UNIFORM_DECODE)
+
+    counters.flush()
+
+    assert target.read_text() == "untouched"
+    assert link.is_symlink()
+    assert errors == []
+    assert counters.distinct_pages == 0
+    record_file = directory / f"{os.getpid()}.json"
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [link.name, record_file.name]
+    )
+    record = json.loads(record_file.read_text())
+    assert record["counts"]["v1-phase-dispatch"][counts.UNIFORM_DECODE] == 1
+    assert read_stats_dir(directory)["counts"] == {
+        "v1-phase-dispatch": {counts.UNIFORM_DECODE: 1}
+    }
+
+
 def run_configure(env: dict[str, str]) -> subprocess.Popen[str]:
     return child(
         """

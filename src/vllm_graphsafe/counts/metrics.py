@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts.records import read_records_leniently
 from vllm_graphsafe.registry import PatchState
 
@@ -58,7 +59,7 @@ EXAMPLE_ALERT = f"""\
     summary: "vllm-graphsafe patch {{{{ $labels.patch }}}} failed; vLLM runs without it"
 """
 
-logger = logging.getLogger("vllm.graphsafe")
+logger = logging.getLogger(vllm_layout.LOGGER)
 
 #: Tries at removing the directory at exit, 0.1 s apart.
 REMOVAL_ATTEMPTS = 20

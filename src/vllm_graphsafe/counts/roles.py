@@ -10,6 +10,8 @@ import multiprocessing
 import re
 import sys
 
+from vllm_graphsafe.vllm_layout import SERVER_MODULES
+
 ROLE_API_SERVER = "api_server"
 #: A process that loaded vLLM without serving it (a script, a test, a tool).
 ROLE_MAIN = "main"
@@ -20,7 +22,6 @@ ROLE_WORKER = "worker"
 SPAWNED_API_SERVER_PREFIX = "ApiServer"
 
 _DP_RANK_IN_NAME = re.compile(r"_DP(\d+)")
-_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 
 
 def process_role(process_name: str) -> str:
@@ -41,8 +42,8 @@ def serves_http() -> bool:
     """Whether this process runs vLLM's OpenAI-compatible server."""
     main = sys.modules.get("__main__")
     main_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
-    return main_name in _SERVER_MODULES or any(
-        name in sys.modules for name in _SERVER_MODULES
+    return main_name in SERVER_MODULES or any(
+        name in sys.modules for name in SERVER_MODULES
     )
 
 
