@@ -345,9 +345,9 @@ def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int
 
 
 def _probe(args: argparse.Namespace, server: LocalServer) -> int:
+    from vllm_graphsafe.cli.probe import show_result
     from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
     from vllm_graphsafe.local_engine.tiny_model import VOCAB_SIZE
-    from vllm_graphsafe.cli.probe import show_result
     from vllm_graphsafe.probe import ProbeSettings, run_probe
 
     options: dict[str, Any] = {}
