@@ -35,9 +35,9 @@ def opens_of(path: Path, note: Callable[[], int]) -> Iterator[list[int]]:
     watching = [True]
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if watching[0] and event == "open" and isinstance(args[0], str | Path):
-            if os.fspath(args[0]) == watched:
-                noted.append(note())
+        opened = args[0] if event == "open" and args else None
+        if watching[0] and isinstance(opened, str | Path) and str(opened) == watched:
+            noted.append(note())
 
     sys.addaudithook(hook)
     try:
