@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from bench import full_graph_coverage, report, summaries
-from vllm_graphsafe import catalogue
 from bench.full_graph_coverage import ScheduledRow, TraceStep
+from vllm_graphsafe import catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = ("1", "256", "1024")
@@ -268,9 +268,7 @@ BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
 
 
 def test_the_benchmarks_page_table_is_the_one_results_json_gives() -> None:
-    assert (
-        report.main(["--doc", str(BENCHMARKS_PAGE), "--check"]) == report.EXIT_OK
-    )
+    assert report.main(["--doc", str(BENCHMARKS_PAGE), "--check"]) == report.EXIT_OK
 
 
 def test_a_stale_benchmark_table_is_reported_and_rewritten(

@@ -1,6 +1,6 @@
-"""The seed's reproducer and long prompts are in the plan where the server allows.
+"""The first reported case and long prompts are in the plan where the server allows.
 
-Expected lengths are the seed's own numbers (an 804-token prompt with 800-token
+Expected lengths are the report's own numbers (an 804-token prompt with 800-token
 blocks and K = 3; 88,804 and 99,204-token prompts), not values read back from
 the code under test.
 """
@@ -30,7 +30,7 @@ def test_a_large_server_gets_the_seed_reproducer_and_the_long_prompts() -> None:
 
     assert plan.boundary_lengths == (4, 804, 1604, *SEED_LONG)
     seed = plan.boundaries[1]
-    assert "seed reproducer" in seed.label and seed.controls == (803, 805)
+    assert "the case first reported" in seed.label and seed.controls == (803, 805)
     assert plan.long_lengths == SEED_LONG
     assert {(804, 804), (804, 1604), SEED_LONG} <= set(plan.groups)
     assert plan.decode_inserts == (4, 804, 1604, 88_804)
