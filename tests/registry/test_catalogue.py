@@ -16,7 +16,7 @@ from vllm_graphsafe.patches import all_patches
 from vllm_graphsafe.releases import release_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-FIXES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "fixes.md"
+FIXES_PAGE = README.parent / "docs" / "fixes.md"
 RELEASES = Path(__file__).resolve().parents[2] / "src/vllm_graphsafe/data/releases.json"
 
 
