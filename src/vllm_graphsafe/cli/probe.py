@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "It compares boundary-length prompts with neighbouring lengths, cold with\n"
         "prefix-cached runs, concurrent with solo runs, and a long greedy decode\n"
         f"of {DECODE_PROMPT!r} with and without boundary prompts inserted.\n"
-        "Where the model's context allows, the seed's long prompts join the plan\n"
+        "Where the model's context allows, long prompts join the plan\n"
         "(88,804 and 99,204 tokens for K=3 and 800-token blocks)."
     )
     parser.epilog = (
@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-long-prompts",
         action="store_true",
-        help="leave the seed's long prompts out even where the context allows them",
+        help="leave the long prompts out even where the context allows them",
     )
     parser.add_argument(
         "--api-key",
