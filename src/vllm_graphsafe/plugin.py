@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from vllm_graphsafe import stats
-from vllm_graphsafe.patches import all_patches
+from vllm_graphsafe.fixes import all_patches
 from vllm_graphsafe.registry import PatchFailedError, Registry
 
 _REGISTRY: Registry | None = None

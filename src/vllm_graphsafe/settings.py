@@ -70,9 +70,9 @@ def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
 
 
 def known_patch_ids() -> list[str]:
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import fix_ids
 
-    return [patch.id for patch in all_patches()]
+    return fix_ids()
 
 
 def read_settings(

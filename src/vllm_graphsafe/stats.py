@@ -48,20 +48,26 @@ from vllm_graphsafe.counts_page import (
     replace_staged,
 )
 from vllm_graphsafe.counts_page import UnsafeTargetError as UnsafeTargetError
+
+# The decision events are the fixes' own (each declares those it counts); they
+# are named here too for the readers of the counts.
+from vllm_graphsafe.fixes.phase_events import (
+    DUMMY as DUMMY,
+)
+from vllm_graphsafe.fixes.phase_events import (
+    KEPT_OFF_DECODE as KEPT_OFF_DECODE,
+)
+from vllm_graphsafe.fixes.phase_events import (
+    NON_UNIFORM as NON_UNIFORM,
+)
+from vllm_graphsafe.fixes.phase_events import (
+    UNIFORM_DECODE as UNIFORM_DECODE,
+)
+from vllm_graphsafe.fixes.v1_dummy_staging import STAGED_DUMMY as STAGED_DUMMY
 from vllm_graphsafe.settings import read_settings
 
 logger = logging.getLogger("vllm.graphsafe")
 
-#: Steps that replay a uniform-decode graph under the phase rule.
-UNIFORM_DECODE = "uniform_decode"
-#: Steps whose shape alone would have picked the decode graph, kept off by phase.
-KEPT_OFF_DECODE = "prefill_kept_off_decode_graph"
-#: Dummy, capture and profile runs, classified by shape as vLLM asks.
-DUMMY = "dummy"
-#: Real steps with a non-uniform shape, which skip the request-state scan.
-NON_UNIFORM = "non_uniform"
-#: Dummy runs whose metadata the staging patch made consistent.
-STAGED_DUMMY = "staged_dummy"
 
 #: How often the writer thread looks for new counts. The counts pages already
 #: hold every count (vLLM 0.32 SIGKILLs its engine core and workers on SIGTERM,

@@ -608,7 +608,7 @@ class InputBatch:
 
 
 def decided(texts: dict[str, str]) -> Any:
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import MRV2PhaseDispatchPatch
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import MRV2PhaseDispatchPatch
 
     if texts:
         texts = {**_STATE_SOURCES, **texts}
@@ -799,7 +799,7 @@ FIXED_WIDTH_SPECULATORS = [
 
 def test_fixed_width_speculators_are_left_alone() -> None:
     """DFlash drafts a fixed-width block: no draft prefill to classify, no hook."""
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import DRAFT_PREFILL_DISPATCHERS
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import DRAFT_PREFILL_DISPATCHERS
 
     sources = SourceReader()
     present = [(m, n) for m, n in FIXED_WIDTH_SPECULATORS if sources.exists(m)]

