@@ -139,7 +139,9 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
 
     from tests.vllm_classes import v1_runner
     from tests.vllm_classes.v1_runner import DispatchRecord, Row
-    from vllm_graphsafe.patches.v1_phase_dispatch import bind_phase_aware_shape_rule
+    from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import (
+        bind_phase_aware_shape_rule,
+    )
 
     real = unwrapped(GPUModelRunner._determine_batch_execution_and_padding)
     signature = inspect.signature(real)
@@ -294,7 +296,7 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     from tests.vllm_classes.mrv2_state import Req
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import (
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import (
         bind_target_count,
         bind_target_step,
     )

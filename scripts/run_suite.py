@@ -13,7 +13,8 @@ under tests/ but the class and engine tests) run once, in the first venv.
 ``--jobs 2`` runs the venvs in two streams at once (the first venv alone in
 one, the rest in the other, whose first venv then runs the vLLM-independent
 tests), each logging to a file shown when it ends.
-Standard library only: it runs under the machine's python3.
+Standard library only (and this package's list of fixes, which is too): it
+runs under the machine's python3.
 
 Nothing passes by default: a pytest run that crashes, is killed, is
 mis-invoked, collects nothing or leaves no report fails the suite, and so does
@@ -38,6 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from vllm_graphsafe.fixes import ExtraControl, all_fixes  # noqa: E402
+
 CLASS_TESTS = "tests/vllm_classes"
 ENGINE_TESTS = "tests/engine"
 BACKPORT_ENGINE_TEST = "tests/backport/test_backport_engine.py"
@@ -328,20 +333,10 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
                 "assertion without the fix, as they must",
                 flush=True,
             )
-    if "v1-dummy-staging" in applied:
-        label = f"{venv.name} control: sequence-length lower bound removed"
-        run = run_pytest(
-            venv,
-            [
-                "tests/vllm_classes/test_v1_dummy_staging.py",
-                "--drop-seq-len-floor",
-                "-k",
-                "short_override or profile_length_with_four",
-            ],
-            label,
-            show=False,
-        )
-        problems = run.problems_when_caught("the negative length")
+    for control in extra_controls(applied):
+        label = f"{venv.name} control: {control.removes}"
+        run = run_pytest(venv, [*control.tests, control.option], label, show=False)
+        problems = run.problems_when_caught(control.caught)
         totals.problems += problems
         if not problems:
             assert run.counts is not None
@@ -349,6 +344,16 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
                 f"[{label}] {run.counts.failures} tests catch it, as they must",
                 flush=True,
             )
+
+
+def extra_controls(applied: list[str]) -> list[ExtraControl]:
+    """The extra negative controls of the applied fixes (``Fix.extra_controls``)."""
+    return [
+        control
+        for fix in all_fixes()
+        if fix.id in applied
+        for control in fix.extra_controls
+    ]
 
 
 def run_venv(

@@ -37,16 +37,15 @@ from vllm_graphsafe.backport.verify import (  # noqa: E402
     new_findings,
     ruff_findings,
 )
+from vllm_graphsafe.fixes import all_fixes  # noqa: E402
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
-#: Regression tests that pin the plugin's runtime form rather than the fix: the
-#: plugin makes ``_is_uniform_decode`` phase-aware *on a runner instance*, while
-#: the source fix keeps vLLM's static shape rule (upstream's tests call it on the
-#: class) and checks the phase in the dispatch.
-PLUGIN_FORM_ONLY = (
-    "tests/vllm_classes/test_v1_phase_dispatch.py::"
-    "test_the_rule_on_a_runner_takes_keywords_or_positions",
-)
+
+
+def plugin_form_only() -> list[str]:
+    """Regression tests that pin a plugin's runtime form rather than its fix
+    (``Fix.plugin_form_only``): not run on the edited copy."""
+    return [test for fix in all_fixes() for test in fix.plugin_form_only]
 
 
 #: Selects the regression tests of the backported fixes (``regression(ID)``
@@ -215,7 +214,7 @@ def verify(venv: Path, workdir: Path) -> Checks:
             "-p",
             "graphsafe_verify_selection",
             "tests/vllm_classes",
-            *(f"--deselect={test}" for test in PLUGIN_FORM_ONLY),
+            *(f"--deselect={test}" for test in plugin_form_only()),
         ],
         env={
             **PLUGIN_OFF,

@@ -3,8 +3,8 @@
 ``--negative-control=PATCH_ID`` keeps only the regression tests of that patch
 (marked ``regression(PATCH_ID)``); CI runs them with the plugin disabled on a
 release that lacks the fix and requires every one of them to fail.
-``--drop-seq-len-floor`` removes only the staging's sequence-length lower
-bound, the reference fix's own negative control.
+Each fix's extra controls (``Fix.extra_controls``, e.g. ``--drop-seq-len-floor``,
+which removes only the staging's sequence-length lower bound) are options too.
 
 A test function whose parameter list came out empty is skipped by pytest
 ("got empty parameter set"). In a negative control that would silently drop a
@@ -13,10 +13,13 @@ regression test, so there it fails the run instead.
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 
 import pytest
+
+from vllm_graphsafe.fixes import all_fixes
 
 os.environ.setdefault(
     "VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
@@ -33,11 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATCH_ID",
         help="run only the regression tests of PATCH_ID",
     )
-    parser.addoption(
-        "--drop-seq-len-floor",
-        action="store_true",
-        help="remove the dummy staging's sequence-length lower bound",
-    )
+    for fix in all_fixes():
+        for control in fix.extra_controls:
+            parser.addoption(
+                control.option,
+                action="store_true",
+                help=f"{fix.id}: {control.removes}",
+            )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,10 +95,11 @@ def pytest_collection_modifyitems(
 
 
 @pytest.fixture(autouse=True)
-def _seq_len_floor_control(
+def _extra_controls(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if request.config.getoption("--drop-seq-len-floor"):
-        from vllm_graphsafe.logic import staging
-
-        monkeypatch.setattr(staging, "seq_len_floor", lambda requested, _: requested)
+    for fix in all_fixes():
+        for control in fix.extra_controls:
+            if request.config.getoption(control.option):
+                module = importlib.import_module(control.module)
+                monkeypatch.setattr(module, control.attribute, control.replacement)

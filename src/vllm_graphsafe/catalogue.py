@@ -28,7 +28,7 @@ EXIT_BAD_INPUT = 2
 
 
 def _patches() -> list[Patch]:
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
 
     return all_patches()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.phase import RowPrefix
+from vllm_graphsafe.fixes.phase_rows import RowPrefix
 
 
 @pytest.mark.parametrize(

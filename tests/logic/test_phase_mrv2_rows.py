@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.phase import RowPrefix, any_row_scheduled
+from vllm_graphsafe.fixes.phase_rows import RowPrefix, any_row_scheduled
 
 
 @pytest.mark.parametrize(

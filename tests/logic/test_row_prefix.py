@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.phase import RowPrefix
+from vllm_graphsafe.fixes.phase_rows import RowPrefix
 
 # (computed, prompt): rows 0-2 decoding, 3 fresh prompt, 4 chunked tail,
 # 5 just computed, 6 ahead (async), 7 stale row in prefill.

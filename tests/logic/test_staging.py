@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_graphsafe.logic.staging import (
+from vllm_graphsafe.fixes.v1_dummy_staging.logic import (
     StagedDummyBatch,
     stage_dummy_batch,
     token_positions,

@@ -19,22 +19,24 @@ import textwrap
 from pathlib import Path
 
 from vllm_graphsafe import counts
-from vllm_graphsafe.counts import KEPT_OFF_DECODE, UNIFORM_DECODE, page, read_stats_dir
+from vllm_graphsafe.counts import page, read_stats_dir
+from vllm_graphsafe.fixes.phase_events import KEPT_OFF_DECODE, UNIFORM_DECODE
 
 PATCH = "v1-phase-dispatch"
 
 COUNT_THEN_SIGKILL = """
     import os, signal, sys
     from vllm_graphsafe import counts, plugin
+    from vllm_graphsafe.fixes import phase_events
     from vllm_graphsafe.counts import writer
     writer.WRITE_INTERVAL_S = 3600.0
     plugin.configure_counts()
     counts.STATS.flush()  # the record, with no counts yet
     count = counts.STATS.counter("v1-phase-dispatch")
     for _ in range(int(sys.argv[1])):
-        count(counts.UNIFORM_DECODE)
+        count(phase_events.UNIFORM_DECODE)
     for _ in range(int(sys.argv[2])):
-        count(counts.KEPT_OFF_DECODE)
+        count(phase_events.KEPT_OFF_DECODE)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -68,18 +70,19 @@ def test_a_forked_child_counts_apart_from_its_parent(tmp_path: Path) -> None:
     code = """
         import os, sys
         from vllm_graphsafe import counts, plugin
+        from vllm_graphsafe.fixes import phase_events
         from vllm_graphsafe.counts import writer
         writer.WRITE_INTERVAL_S = 3600.0
         plugin.configure_counts()
         count = counts.STATS.counter("v1-phase-dispatch")
         for _ in range(3):
-            count(counts.KEPT_OFF_DECODE)
+            count(phase_events.KEPT_OFF_DECODE)
         pid = os.fork()
         if pid == 0:
             plugin.configure_counts()
             counts.STATS.flush()
             for _ in range(5):
-                count(counts.KEPT_OFF_DECODE)
+                count(phase_events.KEPT_OFF_DECODE)
             os._exit(0)
         os.waitpid(pid, 0)
         counts.STATS.flush()

@@ -153,7 +153,7 @@ def test_the_emulator_state_is_shown_when_its_variable_is_set() -> None:
 
 
 def test_the_catalogue_names_every_patch() -> None:
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
 
     result = run_doctor("--catalogue")
     assert result.returncode == doctor.EXIT_OK

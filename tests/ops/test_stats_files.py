@@ -26,6 +26,7 @@ from vllm_graphsafe.counts import (
     private_files,
     read_stats_dir,
 )
+from vllm_graphsafe.fixes import phase_events, v1_dummy_staging
 
 SECRET = "sk-graphsafe-test-secret-4f1a"
 
@@ -56,10 +57,11 @@ def only_record(directory: Path) -> dict[str, object]:
 COUNT_THEN_WAIT = """
     import sys, time
     from vllm_graphsafe import counts, plugin
+    from vllm_graphsafe.fixes import phase_events
     plugin.configure_counts()
     count = counts.STATS.counter("v1-phase-dispatch")
     for _ in range(int(sys.argv[1])):
-        count(counts.KEPT_OFF_DECODE)
+        count(phase_events.KEPT_OFF_DECODE)
     print("counted", flush=True)
     time.sleep(float(sys.argv[2]))
 """
@@ -108,7 +110,7 @@ def test_counts_are_flushed_when_the_process_is_signalled(
     assert record["counts"] == {"v1-phase-dispatch": {KEPT: 1234}}
 
 
-KEPT = counts.KEPT_OFF_DECODE
+KEPT = phase_events.KEPT_OFF_DECODE
 
 
 def test_a_handler_installed_before_is_still_called(tmp_path: Path) -> None:
@@ -177,16 +179,16 @@ def test_counting_writes_nothing_on_the_calling_thread(
     counters.configure(tmp_path)
     count = counters.counter("v1-phase-dispatch")
     for _ in range(10_000):
-        count(counts.UNIFORM_DECODE)
-    counters.count("v1-dummy-staging", counts.STAGED_DUMMY)
+        count(phase_events.UNIFORM_DECODE)
+    counters.count("v1-dummy-staging", v1_dummy_staging.STAGED_DUMMY)
     deadline = time.monotonic() + 3
     while not writers and time.monotonic() < deadline:
         time.sleep(0.05)
     assert writers and set(writers) == {"graphsafe-stats-writer"}
     record = only_record(tmp_path)
     assert record["counts"] == {
-        "v1-phase-dispatch": {counts.UNIFORM_DECODE: 10_000},
-        "v1-dummy-staging": {counts.STAGED_DUMMY: 1},
+        "v1-phase-dispatch": {phase_events.UNIFORM_DECODE: 10_000},
+        "v1-dummy-staging": {v1_dummy_staging.STAGED_DUMMY: 1},
     }
 
 
@@ -250,7 +252,7 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
     monkeypatch.setattr(counters, "_start_writer", lambda: None)
     counters.on_write_error = lambda _, error: errors.append(error)
     counters.configure(directory)
-    counters.count("v1-phase-dispatch", counts.UNIFORM_DECODE)
+    counters.count("v1-phase-dispatch", phase_events.UNIFORM_DECODE)
 
     counters.flush()
 
@@ -270,7 +272,7 @@ def test_a_planted_link_is_neither_followed_nor_replaced(
         assert not final.is_symlink()
         assert stat.S_IMODE(final.stat().st_mode) == 0o600
         record = json.loads(final.read_text())
-        assert record["counts"]["v1-phase-dispatch"][counts.UNIFORM_DECODE] == 1
+        assert record["counts"]["v1-phase-dispatch"][phase_events.UNIFORM_DECODE] == 1
         assert counters.directories == [directory]
 
 
@@ -291,7 +293,7 @@ def test_a_link_at_the_pages_name_is_left_and_the_record_still_written(
     monkeypatch.setattr(counters, "_start_writer", lambda: None)
     counters.on_write_error = lambda _, error: errors.append(error)
     counters.configure(directory)
-    counters.count("v1-phase-dispatch", counts.UNIFORM_DECODE)
+    counters.count("v1-phase-dispatch", phase_events.UNIFORM_DECODE)
 
     counters.flush()
 
@@ -304,9 +306,9 @@ def test_a_link_at_the_pages_name_is_left_and_the_record_still_written(
         [link.name, record_file.name]
     )
     record = json.loads(record_file.read_text())
-    assert record["counts"]["v1-phase-dispatch"][counts.UNIFORM_DECODE] == 1
+    assert record["counts"]["v1-phase-dispatch"][phase_events.UNIFORM_DECODE] == 1
     assert read_stats_dir(directory)["counts"] == {
-        "v1-phase-dispatch": {counts.UNIFORM_DECODE: 1}
+        "v1-phase-dispatch": {phase_events.UNIFORM_DECODE: 1}
     }
 
 
@@ -399,6 +401,7 @@ def test_a_multiprocessing_child_flushes_when_it_returns(tmp_path: Path) -> None
     code = """
         import multiprocessing
         from vllm_graphsafe import counts, plugin
+        from vllm_graphsafe.fixes import phase_events
         from vllm_graphsafe.counts import writer
 
         def engine_process():
@@ -406,7 +409,7 @@ def test_a_multiprocessing_child_flushes_when_it_returns(tmp_path: Path) -> None
             plugin.configure_counts()
             count = counts.STATS.counter("v1-phase-dispatch")
             for _ in range(7):
-                count(counts.KEPT_OFF_DECODE)
+                count(phase_events.KEPT_OFF_DECODE)
 
         child = multiprocessing.get_context("fork").Process(
             target=engine_process, name="VllmWorker-0"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from vllm_graphsafe import catalogue
-from vllm_graphsafe.patches import all_patches
+from vllm_graphsafe.fixes import all_patches
 from vllm_graphsafe.releases import release_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -115,7 +115,7 @@ def test_signatures_it_cannot_mirror_are_left_to_the_packing_wrapper(
 
 
 def test_the_step_publisher_mirrors_named_parameters_and_refuses_the_rest() -> None:
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import (
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import (
         _TARGET_STEP,
         bind_target_step,
     )

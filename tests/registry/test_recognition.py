@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.patches.v1_dummy_staging import V1DummyStagingPatch
-from vllm_graphsafe.patches.v1_phase_dispatch import V1PhaseDispatchPatch
+from vllm_graphsafe.fixes.v1_dummy_staging.hooks import V1DummyStagingPatch
+from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import V1PhaseDispatchPatch
 from vllm_graphsafe.registry import Patch, PatchState, SourceReader
 from vllm_graphsafe.settings import read_settings
 

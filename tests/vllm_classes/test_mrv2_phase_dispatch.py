@@ -44,6 +44,7 @@ from tests.vllm_classes.mrv2_state import (
     propose,
 )
 from vllm_graphsafe import counts
+from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.registry import HookPoint, PatchState, SourceReader, is_hooked
 from vllm_graphsafe.settings import read_settings
 
@@ -532,10 +533,10 @@ def test_decisions_are_counted_in_stats(monkeypatch: pytest.MonkeyPatch) -> None
     decided = counts.STATS.snapshot().get(PATCH_ID, {})
     if the_patch().state is PatchState.APPLIED:
         assert decided == {
-            counts.KEPT_OFF_DECODE: 1,
-            counts.UNIFORM_DECODE: 1,
-            counts.NON_UNIFORM: 1,
-            counts.DUMMY: 1,
+            phase_events.KEPT_OFF_DECODE: 1,
+            phase_events.UNIFORM_DECODE: 1,
+            phase_events.NON_UNIFORM: 1,
+            phase_events.DUMMY: 1,
         }
     else:
         assert decided == {}
@@ -608,7 +609,7 @@ class InputBatch:
 
 
 def decided(texts: dict[str, str]) -> Any:
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import MRV2PhaseDispatchPatch
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import MRV2PhaseDispatchPatch
 
     if texts:
         texts = {**_STATE_SOURCES, **texts}
@@ -799,7 +800,7 @@ FIXED_WIDTH_SPECULATORS = [
 
 def test_fixed_width_speculators_are_left_alone() -> None:
     """DFlash drafts a fixed-width block: no draft prefill to classify, no hook."""
-    from vllm_graphsafe.patches.mrv2_phase_dispatch import DRAFT_PREFILL_DISPATCHERS
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import DRAFT_PREFILL_DISPATCHERS
 
     sources = SourceReader()
     present = [(m, n) for m, n in FIXED_WIDTH_SPECULATORS if sources.exists(m)]

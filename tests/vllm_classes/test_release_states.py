@@ -16,37 +16,24 @@ from typing import Any
 
 import pytest
 
-V1_FIXES_MISSING = {"v1-phase-dispatch": "applied", "v1-dummy-staging": "applied"}
+from vllm_graphsafe.releases import surveyed_states
+
+V1_FIXES = ("v1-phase-dispatch", "v1-dummy-staging")
 #: The releases CI installs: their exact rows are checked on every run.
-EXPECTED_STATES = {
-    "0.22.1": {**V1_FIXES_MISSING, "mrv2-phase-dispatch": "applied"},
-    "0.27.1": {**V1_FIXES_MISSING, "mrv2-phase-dispatch": "applied"},
-    "0.32.0": {**V1_FIXES_MISSING, "mrv2-phase-dispatch": "native"},
-    "0.33.0": {**V1_FIXES_MISSING, "mrv2-phase-dispatch": "native"},
+EXPECTED_MRV2 = {
+    "0.22.1": "applied",
+    "0.27.1": "applied",
+    "0.32.0": "native",
+    "0.33.0": "native",
 }
-#: The releases whose code was surveyed: the V1 runner lacks both fixes in every
-#: one of them, and Model Runner V2 classifies by phase from 0.28
-#: (vllm-project/vllm#51865).
-SURVEYED = ((0, 20), (0, 33))
-MRV2_NATIVE_FROM = (0, 28)
 #: States in which no fix the release needs is missing.
 SATISFIED = {"applied", "native", "not applicable"}
 
 
-def minor_of(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
 def expected_states(version: str) -> dict[str, str] | None:
-    """The exact states for ``version``, or None outside the surveyed range."""
-    if version in EXPECTED_STATES:
-        return EXPECTED_STATES[version]
-    minor = minor_of(version)
-    if not SURVEYED[0] <= minor <= SURVEYED[1]:
-        return None
-    mrv2 = "native" if minor >= MRV2_NATIVE_FROM else "applied"
-    return {**V1_FIXES_MISSING, "mrv2-phase-dispatch": mrv2}
+    """The exact states for ``version`` by the survey (every fix declares the
+    release its code landed in), or None outside the surveyed range."""
+    return surveyed_states(version)
 
 
 def installed_version() -> str:
@@ -91,6 +78,16 @@ def test_doctor_reports_every_patch_state_for_this_release() -> None:
     assert states == expected
 
 
+@pytest.mark.parametrize("version", sorted(EXPECTED_MRV2))
+def test_the_ci_releases_reach_the_surveyed_states(version: str) -> None:
+    """The V1 runner lacks both fixes in every surveyed release; Model Runner V2
+    classifies by phase from 0.28 (vllm-project/vllm#51865)."""
+    states = expected_states(version)
+    assert states is not None
+    assert {fix: states[fix] for fix in V1_FIXES} == dict.fromkeys(V1_FIXES, "applied")
+    assert states["mrv2-phase-dispatch"] == EXPECTED_MRV2[version]
+
+
 @pytest.mark.parametrize(
     ("version", "mrv2"),
     [
@@ -102,7 +99,10 @@ def test_doctor_reports_every_patch_state_for_this_release() -> None:
     ],
 )
 def test_the_expected_row_follows_the_survey(version: str, mrv2: str) -> None:
-    assert expected_states(version) == {**V1_FIXES_MISSING, "mrv2-phase-dispatch": mrv2}
+    states = expected_states(version)
+    assert states is not None
+    assert {fix: states[fix] for fix in V1_FIXES} == dict.fromkeys(V1_FIXES, "applied")
+    assert states["mrv2-phase-dispatch"] == mrv2
 
 
 def test_a_release_outside_the_survey_has_no_exact_row() -> None:
@@ -126,7 +126,7 @@ def test_the_installed_tree_read_as_a_source_tree_gets_the_same_states() -> None
 
     import vllm
 
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
     from vllm_graphsafe.registry import SourceReader
     from vllm_graphsafe.settings import read_settings
 

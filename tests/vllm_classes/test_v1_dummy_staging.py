@@ -298,7 +298,7 @@ def test_a_dummy_run_the_staging_cannot_read_gets_vllm_own_metadata(
 
 
 def test_a_helper_without_a_parameter_the_staging_reads_is_not_bound() -> None:
-    from vllm_graphsafe.patches.v1_dummy_staging import bind_staged_dcp_helper
+    from vllm_graphsafe.fixes.v1_dummy_staging.hooks import bind_staged_dcp_helper
 
     def renamed(
         *,
@@ -326,7 +326,7 @@ def test_a_positional_call_of_the_dcp_helper_is_staged(
     import vllm.v1.worker.cp_utils as cp_utils
     import vllm.v1.worker.gpu_model_runner as runner_module
 
-    from vllm_graphsafe.patches.v1_dummy_staging import bind_staged_dcp_helper
+    from vllm_graphsafe.fixes.v1_dummy_staging.hooks import bind_staged_dcp_helper
 
     order = (
         "input_batch",

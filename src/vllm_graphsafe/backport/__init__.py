@@ -13,14 +13,15 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_graphsafe.backport.fixes import PLANNERS, Plan
+from vllm_graphsafe import fixes
+from vllm_graphsafe.backport.plan import Plan
 from vllm_graphsafe.backport.source import MissingSymbolError
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.registry import Patch, PatchState, SourceReader
 from vllm_graphsafe.settings import Settings
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
-FIX_IDS = tuple(PLANNERS)
+FIX_IDS = tuple(fixes.fix_ids())
 
 
 class Status(str, enum.Enum):
@@ -81,9 +82,7 @@ def _all_enabled() -> Settings:
 
 
 def patches_by_id() -> dict[str, Patch]:
-    from vllm_graphsafe.patches import all_patches
-
-    return {patch.id: patch for patch in all_patches()}
+    return {patch.id: patch for patch in fixes.all_patches()}
 
 
 def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Patch]:
@@ -107,7 +106,7 @@ def check_tree(root: Path) -> None:
 def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
     """Decide and plan the requested fixes (all by default) for the tree at ``root``."""
     check_tree(root)
-    wanted = [fix for fix in FIX_IDS if fix_ids is None or fix in fix_ids]
+    wanted = [fix for fix in fixes.fix_ids() if fix_ids is None or fix in fix_ids]
     states = detect(root)
     tree = Tree(root)
     outcomes: list[Outcome] = []
@@ -125,7 +124,7 @@ def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
 
 def _plan_one(tree: Tree, fix_id: str) -> Outcome:
     try:
-        plan = PLANNERS[fix_id](tree)
+        plan = fixes.get(fix_id).plan(tree)
     except MissingSymbolError as missing:
         return Outcome(fix_id, Status.CANNOT_BIND, f"missing {missing}")
     candidate = {**tree.edited, **plan.texts}

@@ -8,8 +8,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_graphsafe.backport import Backport, Outcome, patches_by_id
-from vllm_graphsafe.backport.written_tests import path_for
+from vllm_graphsafe import fixes
+from vllm_graphsafe.backport import Backport, Outcome
+from vllm_graphsafe.backport.plan import written_test_path
 
 AUTHOR = "vllm-graphsafe backport <backport@vllm-graphsafe.invalid>"
 _NO_NEWLINE = "\\ No newline at end of file\n"
@@ -95,17 +96,6 @@ def write_tree(result: Backport) -> list[str]:
     return sorted(result.edited)
 
 
-def _subject(outcome: Outcome) -> str:
-    return {
-        "v1-phase-dispatch": "[Bugfix][V1] Keep prompt chunks off the uniform "
-        "decode CUDA graph",
-        "v1-dummy-staging": "[Bugfix][V1] Stage consistent FULL dummy length and "
-        "position metadata",
-        "mrv2-phase-dispatch": "[Bugfix][MRV2] Dispatch uniform decode graphs by "
-        "request phase",
-    }[outcome.fix_id]
-
-
 def _wrap(text: str, width: int = 72) -> str:
     import textwrap
 
@@ -113,15 +103,15 @@ def _wrap(text: str, width: int = 72) -> str:
 
 
 def commit_message(outcome: Outcome, version: str) -> str:
-    patch = patches_by_id()[outcome.fix_id]
+    fix = fixes.get(outcome.fix_id)
     assert outcome.plan is not None
-    test_path = path_for(outcome.fix_id)
+    test_path = written_test_path(outcome.fix_id)
     names = ", ".join(outcome.plan.names)
-    upstream = "\n".join(f"- {reference}" for reference in patch.upstream)
+    upstream = "\n".join(f"- {reference}" for reference in fix.upstream)
     sections = [
-        _subject(outcome),
-        "What:\n" + _wrap(patch.what),
-        "Why:\n" + _wrap(patch.why),
+        fix.commit_subject,
+        "What:\n" + _wrap(fix.what),
+        "Why:\n" + _wrap(fix.why),
         "Upstream references:\n" + upstream,
         _wrap(f"Layout: {outcome.plan.layout}. New names: {names}."),
         "Testing:\n"

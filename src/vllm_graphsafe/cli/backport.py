@@ -34,9 +34,9 @@ Each edit also writes CPU tests under DIR/tests/v1/worker/.
 
 
 def _fix_ids() -> tuple[str, ...]:
-    from vllm_graphsafe.backport import FIX_IDS
+    from vllm_graphsafe.fixes import fix_ids
 
-    return FIX_IDS
+    return tuple(fix_ids())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

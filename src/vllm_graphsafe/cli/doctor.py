@@ -110,7 +110,7 @@ def collect_report(
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``."""
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
 
     registry = Registry(all_patches())
     settings = registry.read_settings() if settings is None else settings
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     from vllm_graphsafe.counts import StatsDirError
-    from vllm_graphsafe.patches import all_patches
+    from vllm_graphsafe.fixes import all_patches
 
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir

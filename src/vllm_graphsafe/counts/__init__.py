@@ -11,13 +11,6 @@ decides the directories and hands them over.
 from __future__ import annotations
 
 from vllm_graphsafe.counts.counter import STATS, DispatchStats
-from vllm_graphsafe.counts.events import (
-    DUMMY,
-    KEPT_OFF_DECODE,
-    NON_UNIFORM,
-    STAGED_DUMMY,
-    UNIFORM_DECODE,
-)
 from vllm_graphsafe.counts.private_files import UnsafeTargetError
 from vllm_graphsafe.counts.records import (
     StatsDirError,
@@ -37,16 +30,11 @@ from vllm_graphsafe.counts.roles import (
 )
 
 __all__ = [
-    "DUMMY",
-    "KEPT_OFF_DECODE",
-    "NON_UNIFORM",
     "ROLE_API_SERVER",
     "ROLE_ENGINE_CORE",
     "ROLE_MAIN",
     "ROLE_WORKER",
-    "STAGED_DUMMY",
     "STATS",
-    "UNIFORM_DECODE",
     "DispatchStats",
     "StatsDirError",
     "UnsafeTargetError",

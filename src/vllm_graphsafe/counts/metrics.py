@@ -39,12 +39,18 @@ from vllm_graphsafe.counts.records import read_records_leniently
 from vllm_graphsafe.registry import PatchState
 
 DECISIONS = "graphsafe_dispatch_decisions"
-DECISIONS_HELP = (
-    "Dispatch decisions the vllm-graphsafe patches made, summed over vLLM's "
-    "engine-core and worker processes (decision: uniform_decode, "
-    "prefill_kept_off_decode_graph, dummy, non_uniform, staged_dummy; draft_* for "
-    "Model Runner V2's draft prefill)."
-)
+
+
+def decisions_help() -> str:
+    """The decisions metric's help: every decision event the fixes declare."""
+    from vllm_graphsafe.fixes import decision_events
+
+    return (
+        "Dispatch decisions the vllm-graphsafe patches made, summed over vLLM's "
+        f"engine-core and worker processes (decision: {', '.join(decision_events())})."
+    )
+
+
 PATCH_STATE = "graphsafe_patch_state"
 PATCH_STATE_HELP = (
     "Number of vLLM processes in which each vllm-graphsafe patch is in each state "
@@ -215,7 +221,7 @@ def metric_families(records: list[dict[str, Any]]) -> list[Any]:
             states[state_key] += 1
             patches_by_rank.add((patch, *rank))
     decision_family = CounterMetricFamily(
-        DECISIONS, DECISIONS_HELP, labels=["patch", "decision", *extra]
+        DECISIONS, decisions_help(), labels=["patch", "decision", *extra]
     )
     for labels, value in sorted(decisions.items()):
         decision_family.add_metric(list(labels), value)

@@ -1,4 +1,9 @@
-"""The names of the dispatch decisions the fixes count."""
+"""The decisions the phase-aware dispatch fixes count (V1 and Model Runner V2).
+
+Shared by ``v1_phase_dispatch`` and ``mrv2_phase_dispatch``: both make vLLM's
+shape rule phase-aware and count the same four outcomes, so ``/metrics`` and
+the statistics files read the same for either runner.
+"""
 
 from __future__ import annotations
 
@@ -10,5 +15,5 @@ KEPT_OFF_DECODE = "prefill_kept_off_decode_graph"
 DUMMY = "dummy"
 #: Real steps with a non-uniform shape, which skip the request-state scan.
 NON_UNIFORM = "non_uniform"
-#: Dummy runs whose metadata the staging patch made consistent.
-STAGED_DUMMY = "staged_dummy"
+
+PHASE_RULE_EVENTS = (UNIFORM_DECODE, KEPT_OFF_DECODE, DUMMY, NON_UNIFORM)

@@ -1,7 +1,7 @@
 """V1 runner: a batch is uniform decode only when every request is past its prompt.
 
-The patch's facts (what, why, upstream, removal) are the fields of
-:class:`V1PhaseDispatchPatch`; ``vllm-graphsafe doctor --catalogue`` renders them.
+The fix's facts (what, why, upstream, removal) are in this folder's
+``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from vllm_graphsafe import counts as stats
-from vllm_graphsafe import recognition
-from vllm_graphsafe.logic.phase import RowPrefix
+from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.fixes.phase_events import (
+    DUMMY,
+    KEPT_OFF_DECODE,
+    NON_UNIFORM,
+    UNIFORM_DECODE,
+)
+from vllm_graphsafe.fixes.phase_rows import RowPrefix
+from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
 from vllm_graphsafe.registry import (
     HookPoint,
     OnFailure,
@@ -25,13 +31,20 @@ from vllm_graphsafe.registry import (
     SourceReader,
     logger,
 )
+from vllm_graphsafe.vllm_layout import (
+    COMPILATION_CONFIG,
+    PARALLEL_CONFIG,
+    V1_INPUT_BATCH,
+    V1_RUNNER,
+    V1_WORKER,
+)
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-WORKER_MODULE = "vllm.v1.worker.gpu_worker"
-INPUT_BATCH_MODULE = "vllm.v1.worker.gpu_input_batch"
+RUNNER_MODULE = V1_RUNNER
+WORKER_MODULE = V1_WORKER
+INPUT_BATCH_MODULE = V1_INPUT_BATCH
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
 SHAPE_RULE = "GPUModelRunner._is_uniform_decode"
-PATCH_ID = "v1-phase-dispatch"
+PATCH_ID = FIX.id
 
 _SHAPE_RULE_NAME = SHAPE_RULE.rsplit(".", 1)[-1]
 _DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
@@ -137,7 +150,7 @@ class PhaseAwareShapeRule:
         same columns.
         """
         shape_rule, on_failure = self.rule, self.on_failure
-        count = stats.STATS.counter(PATCH_ID)
+        count = counts.STATS.counter(PATCH_ID)
         prefixes: dict[int, RowPrefix] = {}
         # [None] until the first uniform real step, then whether it classifies early.
         early: list[bool | None] = [None if self.early_classification else False]
@@ -159,15 +172,15 @@ class PhaseAwareShapeRule:
             )
             try:
                 if force_uniform_decode is not None:
-                    count(stats.DUMMY)
+                    count(DUMMY)
                     return uniform
                 if not uniform:
-                    count(stats.NON_UNIFORM)
+                    count(NON_UNIFORM)
                     return uniform
                 if early[0] is None:
                     early[0] = _classifies_before_state_update(runner)
                 if early[0]:
-                    count(stats.UNIFORM_DECODE)
+                    count(UNIFORM_DECODE)
                     return uniform
                 batch = runner.input_batch
                 computed = batch.num_computed_tokens_cpu
@@ -180,9 +193,9 @@ class PhaseAwareShapeRule:
                 ):
                     prefix = prefixes[num_reqs] = RowPrefix(computed, prompt, num_reqs)
                 if prefix.past_prefill():
-                    count(stats.UNIFORM_DECODE)
+                    count(UNIFORM_DECODE)
                     return uniform
-                count(stats.KEPT_OFF_DECODE)
+                count(KEPT_OFF_DECODE)
                 return False
             except Exception as error:
                 on_failure(error, _READING)
@@ -220,36 +233,7 @@ def native_reason(sources: SourceReader) -> str | None:
 
 class V1PhaseDispatchPatch(Patch):
     def __init__(self) -> None:
-        super().__init__(
-            id=PATCH_ID,
-            title="V1 runner: phase-aware uniform-decode dispatch",
-            what=(
-                "On a real step whose shape is uniform decode, vLLM's shape rule "
-                "answers False while a scheduled request has not computed its "
-                "whole prompt, before the runner dispatches the CUDA graph and "
-                "syncs it across DP ranks. Capture, warm-up and dummy runs keep "
-                "their own classification; other shapes skip the scan."
-            ),
-            why=(
-                "With K speculative tokens a prompt chunk of K+1 tokens has the "
-                "shape of a uniform speculative-decode batch; replaying the FULL "
-                "decode graph over it skips the recurrent-state writes of "
-                "GDN/Mamba layers: garbage output."
-            ),
-            binds_to=(
-                "`GPUModelRunner._is_uniform_decode` (the shape rule "
-                "`_determine_batch_execution_and_padding` consults on every step, "
-                "before it dispatches and syncs DP), on real steps"
-            ),
-            upstream=(
-                "vllm-project/vllm#49918",
-                "vllm-project/vllm#53051",
-                "vllm-project/vllm#47123",
-                "vllm-project/vllm#53059",
-            ),
-            delete_when="the V1 runner's uniform-decode test reads request state",
-            anchor_module=RUNNER_MODULE,
-        )
+        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
 
     def hook_points(self) -> list[HookPoint]:
         factory = functools.partial(
@@ -277,10 +261,10 @@ class V1PhaseDispatchPatch(Patch):
                     RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
                 ),
                 SetsAttribute(
-                    "vllm.config.compilation", "PassConfig", "enable_sp", SHAPE_RULE
+                    COMPILATION_CONFIG, "PassConfig", "enable_sp", SHAPE_RULE
                 ),
                 SetsAttribute(
-                    "vllm.config.parallel",
+                    PARALLEL_CONFIG,
                     "ParallelConfig",
                     "pipeline_parallel_size",
                     SHAPE_RULE,
@@ -290,3 +274,7 @@ class V1PhaseDispatchPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+
+def make_patch() -> V1PhaseDispatchPatch:
+    return V1PhaseDispatchPatch()

@@ -1,7 +1,7 @@
 """V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
 
-The patch's facts (what, why, upstream, removal) are the fields of
-:class:`V1DummyStagingPatch`; ``vllm-graphsafe doctor --catalogue`` renders them.
+The fix's facts (what, why, upstream, removal) are in this folder's
+``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import counts as stats
-from vllm_graphsafe import recognition
-from vllm_graphsafe.logic.staging import stage_dummy_batch
+from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.fixes.v1_dummy_staging import FIX, STAGED_DUMMY
+from vllm_graphsafe.fixes.v1_dummy_staging.logic import stage_dummy_batch
 from vllm_graphsafe.registry import (
     HookPoint,
     OnFailure,
@@ -28,14 +28,15 @@ from vllm_graphsafe.registry import (
     TakesParameters,
     WrapHook,
 )
+from vllm_graphsafe.vllm_layout import V1_CP_UTILS, V1_INPUT_BATCH, V1_RUNNER
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-INPUT_BATCH_MODULE = "vllm.v1.worker.gpu_input_batch"
-CP_UTILS_MODULE = "vllm.v1.worker.cp_utils"
+RUNNER_MODULE = V1_RUNNER
+INPUT_BATCH_MODULE = V1_INPUT_BATCH
+CP_UTILS_MODULE = V1_CP_UTILS
 DUMMY_RUN = "GPUModelRunner._dummy_run"
 DCP_HELPER = "prepare_dcp_dummy_context_metadata"
 BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
-PATCH_ID = "v1-dummy-staging"
+PATCH_ID = FIX.id
 
 #: The DCP helper's parameters the staging reads or replaces.
 DCP_HELPER_PARAMETERS = (
@@ -192,7 +193,7 @@ def bind_staged_dcp_helper(helper: Any, on_failure: OnFailure) -> Callable[..., 
                 arguments["query_pos"] = _StagedQueryPos(
                     arguments["positions"], context_len, num_tokens
                 )
-            stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
+            counts.STATS.count(PATCH_ID, STAGED_DUMMY)
             args, kwargs = bound.args, bound.kwargs
         except Exception as error:
             on_failure(error, f"the arguments of {DCP_HELPER} and {_BUFFERS}")
@@ -225,7 +226,7 @@ def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..
                 query_start_loc=runner.query_start_loc,
                 positions=runner.positions,
             )
-            stats.STATS.count(PATCH_ID, stats.STAGED_DUMMY)
+            counts.STATS.count(PATCH_ID, STAGED_DUMMY)
         except Exception as error:
             on_failure(error, f"the arguments of {BUILD_METADATA} and {_BUFFERS}")
         return original(*args, **kwargs)
@@ -259,31 +260,7 @@ def stages_at_dcp_helper(sources: SourceReader) -> bool:
 
 class V1DummyStagingPatch(Patch):
     def __init__(self) -> None:
-        super().__init__(
-            id=PATCH_ID,
-            title="V1 runner: consistent FULL dummy length and position metadata",
-            what=(
-                "In `_dummy_run`, where it builds attention metadata: a requested "
-                "seq_len shorter than the query is raised to it on both mirrors; "
-                "computed lengths become seq_len - scheduled and positions "
-                "computed[req] + query_pos; padded rows and tokens are cleared; the "
-                "DCP helper consumes the staged positions. The input batch's CPU "
-                "computed counts are restored when the dummy run ends."
-            ),
-            why=(
-                "A long dummy seq_len beside stale positions makes kernels that "
-                "count from positions (MiniMax-M3's sparse indexer) disagree with "
-                "kernels that count from seq_lens; -1 sentinels land inside the "
-                "consumed range."
-            ),
-            binds_to=(
-                "`_dummy_run` and `prepare_dcp_dummy_context_metadata` (0.27+) or "
-                "`_build_attention_metadata` (0.22)"
-            ),
-            upstream=("vllm-project/vllm#54604",),
-            delete_when="_dummy_run stages positions and computed lengths itself",
-            anchor_module=RUNNER_MODULE,
-        )
+        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
 
     def hook_points(self) -> list[HookPoint]:
         staging: HookPoint
@@ -330,3 +307,7 @@ class V1DummyStagingPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+
+def make_patch() -> V1DummyStagingPatch:
+    return V1DummyStagingPatch()

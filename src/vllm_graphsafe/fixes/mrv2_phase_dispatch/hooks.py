@@ -1,8 +1,7 @@
 """MRV2: a uniform batch is decode only when no scheduled request is in prefill.
 
-The patch's facts (what, why, upstream, removal) are the fields of
-:class:`MRV2PhaseDispatchPatch`; ``vllm-graphsafe doctor --catalogue`` renders
-them.
+The fix's facts (what, why, upstream, removal) are in this folder's
+``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 
 Why it binds there: ``get_uniform_token_count`` is replaced in each calling
 module's namespace, never in ``cudagraph_utils``, so other callers keep the shape
@@ -31,10 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import counts as stats
-from vllm_graphsafe import recognition
+from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.fixes.mrv2_phase_dispatch import DRAFT_EVENT_PREFIX, FIX
+from vllm_graphsafe.fixes.phase_events import (
+    DUMMY,
+    KEPT_OFF_DECODE,
+    NON_UNIFORM,
+    UNIFORM_DECODE,
+)
+from vllm_graphsafe.fixes.phase_rows import RowPrefix, any_row_scheduled
 from vllm_graphsafe.forwarding import publishing_method
-from vllm_graphsafe.logic.phase import RowPrefix, any_row_scheduled
 from vllm_graphsafe.registry import (
     HookPoint,
     OnFailure,
@@ -45,23 +50,26 @@ from vllm_graphsafe.registry import (
     SourceReader,
     TakesParameters,
 )
+from vllm_graphsafe.vllm_layout import (
+    MRV2_AUTOREGRESSIVE_SPECULATOR,
+    MRV2_EAGLE_SPECULATOR,
+    MRV2_INPUT_BATCH,
+    MRV2_MULTI_MODULE_MTP_SPECULATOR,
+    MRV2_RUNNER,
+    MRV2_STATES,
+)
 
-PATCH_ID = "mrv2-phase-dispatch"
-RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+PATCH_ID = FIX.id
+RUNNER_MODULE = MRV2_RUNNER
 RUNNER_STEP = "GPUModelRunner.execute_model"
 #: The shape rule, wrapped by name in each module that calls it.
 SHAPE_RULE = "get_uniform_token_count"
-#: Draft-prefill decisions are counted under these events (prefix + stats event).
-DRAFT_EVENT_PREFIX = "draft_"
-
 #: Calls in ``execute_model`` that mean the release classifies by phase itself.
 _NATIVE_MARKERS = (
     "gather_batch_req_state",
     "get_uniform_decode_token_count",
     "_get_uniform_decode_token_count",
 )
-
-_SPEC = "vllm.v1.worker.gpu.spec_decode"
 
 
 @dataclass(frozen=True)
@@ -81,19 +89,19 @@ DRAFT_PREFILL_DISPATCHERS = (
     # Before the autoregressive split (e.g. 0.20, 0.22) Eagle and MTP run
     # here; from 0.24 on this module only subclasses the autoregressive one.
     DraftPrefillDispatcher(
-        f"{_SPEC}.eagle.speculator",
+        MRV2_EAGLE_SPECULATOR,
         "EagleSpeculator.propose",
         "eagle/ (releases before the autoregressive/ split)",
-        only_without=f"{_SPEC}.autoregressive.speculator",
+        only_without=MRV2_AUTOREGRESSIVE_SPECULATOR,
     ),
     # 0.24-0.27: Eagle, MTP and Gemma4 MTP subclass this one.
     DraftPrefillDispatcher(
-        f"{_SPEC}.autoregressive.speculator",
+        MRV2_AUTOREGRESSIVE_SPECULATOR,
         "AutoRegressiveSpeculator.propose",
         "autoregressive/ (0.24-0.27)",
     ),
     DraftPrefillDispatcher(
-        f"{_SPEC}.multi_module_mtp.speculator",
+        MRV2_MULTI_MODULE_MTP_SPECULATOR,
         "MultiModuleMTPSpeculator.propose",
         "multi_module_mtp/ (0.24-0.27)",
     ),
@@ -121,8 +129,8 @@ ShapeCount = Callable[[int, int, int], "int | None"]
 #: ``get_uniform_token_count``'s parameters; a release that differs is not patched.
 _SHAPE_COUNT_PARAMETERS = ("num_reqs", "num_tokens", "max_query_len")
 
-STATES_MODULE = "vllm.v1.worker.gpu.states"
-INPUT_BATCH_MODULE = "vllm.v1.worker.gpu.input_batch"
+STATES_MODULE = MRV2_STATES
+INPUT_BATCH_MODULE = MRV2_INPUT_BATCH
 #: The batch's own pre-step phase column (0.22-0.27).
 BATCH_PHASE_COLUMN = "is_prefilling_np"
 #: vLLM's pre-step phase question, asked in ``prepare_inputs`` (0.20).
@@ -338,12 +346,7 @@ def _phase_aware_count(
     """
     dummy, non_uniform, kept_off, uniform_decode = (
         event_prefix + event
-        for event in (
-            stats.DUMMY,
-            stats.NON_UNIFORM,
-            stats.KEPT_OFF_DECODE,
-            stats.UNIFORM_DECODE,
-        )
+        for event in (DUMMY, NON_UNIFORM, KEPT_OFF_DECODE, UNIFORM_DECODE)
     )
 
     def bind(shape_count: ShapeCount, on_failure: OnFailure) -> ShapeCount:
@@ -353,7 +356,7 @@ def _phase_aware_count(
                 f"{SHAPE_RULE} takes {parameters}, not the "
                 f"{_SHAPE_COUNT_PARAMETERS} this patch binds to"
             )
-        count = stats.STATS.counter(PATCH_ID)
+        count = counts.STATS.counter(PATCH_ID)
         in_prefill = phase_reader()
         published_step = step_var.get
 
@@ -427,42 +430,7 @@ def native_reason(sources: SourceReader) -> str | None:
 
 class MRV2PhaseDispatchPatch(Patch):
     def __init__(self) -> None:
-        super().__init__(
-            id=PATCH_ID,
-            title="Model Runner V2: phase-aware target and draft-prefill dispatch",
-            what=(
-                "On a real step with a uniform shape, the uniform token count that "
-                "`execute_model` hands to `dispatch_cg_and_sync_dp` (which picks "
-                "the CUDA graph and agrees it across DP ranks) is withdrawn while "
-                "a scheduled request is still in prefill, read from the request "
-                "states the step has just updated. Eagle/MTP draft prefill gets "
-                "the same rule from the target batch's pre-step phase; draft "
-                "decode steps, fixed-width speculators (DFlash), dummy and capture "
-                "runs and genuine decode keep their count."
-            ),
-            why=(
-                "With K speculative tokens a prompt chunk of exactly K+1 tokens "
-                "has the shape of a uniform speculative-decode batch; replaying "
-                "the FULL decode graph over prefill metadata corrupts stateful "
-                "hybrid (GDN/Mamba) models, and a decode sharing the batch too."
-            ),
-            binds_to=(
-                "`get_uniform_token_count` where `execute_model` and the "
-                "speculators call it (and those callers, to know the step); "
-                "where the input batch has no `is_prefilling_np` (0.20), also "
-                "`RequestState.any_prefills`, to remember its pre-step answer"
-            ),
-            upstream=(
-                "vllm-project/vllm#51865",
-                "vllm-project/vllm#50532",
-                "vllm-project/vllm#49918",
-            ),
-            delete_when=(
-                "the oldest supported vLLM has vllm-project/vllm#51865 "
-                "(released in 0.28): MRV2 classifies by request phase"
-            ),
-            anchor_module=RUNNER_MODULE,
-        )
+        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
 
     def hook_points(self) -> list[HookPoint]:
         hooks: list[HookPoint] = [
@@ -525,3 +493,7 @@ class MRV2PhaseDispatchPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+
+def make_patch() -> MRV2PhaseDispatchPatch:
+    return MRV2PhaseDispatchPatch()

@@ -1,0 +1,79 @@
+"""What every fix's backport planner returns, and the helpers they share.
+
+A fix's ``backport.plan(tree)`` reads the tree (with the edits of the fixes
+before it), locates what it edits by parsing, and returns a :class:`Plan`: the
+new text of every file it changes, plus the CPU tests it writes beside the
+change. When something it must edit is missing it raises
+:class:`~vllm_graphsafe.backport.source.MissingSymbolError` naming it, before
+anything is changed: a fix is applied whole or not at all.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.backport.source import (
+    LineEdit,
+    MissingSymbolError,
+    SourceFile,
+    is_call_of,
+)
+from vllm_graphsafe.backport.tree import Tree
+
+#: The header of every test file the backport writes (vLLM's own).
+WRITTEN_TEST_HEADER = """\
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""
+
+
+def written_test_path(fix_id: str) -> str:
+    """Where a fix's written tests go in the tree, beside vLLM's worker tests."""
+    return f"tests/v1/worker/test_graphsafe_backport_{fix_id.replace('-', '_')}.py"
+
+
+@dataclass
+class Plan:
+    """What one fix changes in a tree."""
+
+    fix_id: str
+    layout: str
+    #: relpath -> the file's new text (source files of the tree).
+    texts: dict[str, str] = field(default_factory=dict)
+    #: relpath -> text of a test file written beside the change.
+    tests: dict[str, str] = field(default_factory=dict)
+    #: Names the edit introduces, for the README and commit message.
+    names: tuple[str, ...] = ()
+
+
+def edit(plan: Plan, source: SourceFile, edits: list[LineEdit]) -> None:
+    plan.texts[source.relpath] = source.apply(edits)
+
+
+def direct_call_assignment(
+    function: recognition.FunctionNode, callee: str, owner: str
+) -> ast.Assign:
+    """``name = callee(...)`` (or ``self.callee``) directly in ``function``."""
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and is_call_of(node.value, callee)
+        ):
+            return node
+    raise MissingSymbolError(f"the assignment from {callee}(...) in {owner}")
+
+
+def require_attributes(
+    tree: Tree, module: str, class_name: str, attributes: tuple[str, ...]
+) -> None:
+    source = tree.require(module)
+    cls = recognition.find_class(source.tree, class_name)
+    if cls is None:
+        raise MissingSymbolError(f"{module}.{class_name}")
+    for attribute in attributes:
+        if not recognition.class_sets_attribute(cls, attribute):
+            raise MissingSymbolError(f"{module}.{class_name}.{attribute}")

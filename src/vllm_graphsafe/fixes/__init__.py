@@ -1,0 +1,79 @@
+"""The fixes of this package: one folder each, one list that everything reads.
+
+The registry, doctor, the catalogue and README tables, the release table, the
+sweep, ``scripts/run_suite.py``, the backport and its verification, the
+benchmarks and the metrics all iterate :func:`all_fixes`; none names a fix.
+Importing this module imports only the standard library (every fix's facts);
+:meth:`Fix.make_patch` and :meth:`Fix.plan` import a fix's code when asked.
+Adding a fix: ``docs/adding-a-fix.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_graphsafe.fixes import (
+    mrv2_phase_dispatch,
+    v1_dummy_staging,
+    v1_phase_dispatch,
+)
+from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+
+if TYPE_CHECKING:
+    from vllm_graphsafe.registry import Patch
+
+__all__ = [
+    "ALL_FIXES",
+    "ExtraControl",
+    "Fix",
+    "all_fixes",
+    "all_patches",
+    "decision_events",
+    "dispatch_fixes",
+    "fix_ids",
+    "get",
+]
+
+#: Every fix, in the order it is applied and backported (the two V1 fixes edit
+#: the same runner file, in this order).
+ALL_FIXES: tuple[Fix, ...] = (
+    v1_phase_dispatch.FIX,
+    v1_dummy_staging.FIX,
+    mrv2_phase_dispatch.FIX,
+)
+
+
+def all_fixes() -> tuple[Fix, ...]:
+    """The fixes, read at call time (a test may register one more)."""
+    return ALL_FIXES
+
+
+def fix_ids() -> list[str]:
+    return [fix.id for fix in all_fixes()]
+
+
+def get(fix_id: str) -> Fix:
+    for fix in all_fixes():
+        if fix.id == fix_id:
+            return fix
+    raise KeyError(fix_id)
+
+
+def all_patches() -> list[Patch]:
+    """A fresh runtime patch of every fix, in apply order."""
+    return [fix.make_patch() for fix in all_fixes()]
+
+
+def dispatch_fixes() -> dict[str, str]:
+    """Runner (``"v1"``, ``"mrv2"``) -> the id of the fix that decides its
+    CUDA-graph dispatch, for the dispatch benchmarks."""
+    return {
+        fix.dispatch_runner: fix.id
+        for fix in all_fixes()
+        if fix.dispatch_runner is not None
+    }
+
+
+def decision_events() -> list[str]:
+    """Every decision event a fix counts, each once, in the fixes' order."""
+    return list(dict.fromkeys(event for fix in all_fixes() for event in fix.events))

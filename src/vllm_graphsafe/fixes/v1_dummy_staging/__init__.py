@@ -1,0 +1,66 @@
+"""V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
+
+This folder: the facts (here), the staging arithmetic (``logic``), the runtime
+hooks (``hooks``), the backport planner (``backport``) and the tests it writes
+(``written_tests``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+
+#: Dummy runs whose metadata the staging made consistent.
+STAGED_DUMMY = "staged_dummy"
+
+
+def _requested_length(requested: Any, num_scheduled: Any) -> Any:
+    """The staging's sequence length without its lower bound (the control)."""
+    return requested
+
+
+FIX = Fix(
+    id="v1-dummy-staging",
+    title="V1 runner: consistent FULL dummy length and position metadata",
+    what=(
+        "In `_dummy_run`, where it builds attention metadata: a requested "
+        "seq_len shorter than the query is raised to it on both mirrors; "
+        "computed lengths become seq_len - scheduled and positions "
+        "computed[req] + query_pos; padded rows and tokens are cleared; the "
+        "DCP helper consumes the staged positions. The input batch's CPU "
+        "computed counts are restored when the dummy run ends."
+    ),
+    why=(
+        "A long dummy seq_len beside stale positions makes kernels that "
+        "count from positions (MiniMax-M3's sparse indexer) disagree with "
+        "kernels that count from seq_lens; -1 sentinels land inside the "
+        "consumed range."
+    ),
+    binds_to=(
+        "`_dummy_run` and `prepare_dcp_dummy_context_metadata` (0.27+) or "
+        "`_build_attention_metadata` (0.22)"
+    ),
+    upstream=("vllm-project/vllm#54604",),
+    delete_when="_dummy_run stages positions and computed lengths itself",
+    commit_subject=(
+        "[Bugfix][V1] Stage consistent FULL dummy length and position metadata"
+    ),
+    package=__name__,
+    events=(STAGED_DUMMY,),
+    extra_controls=(
+        ExtraControl(
+            option="--drop-seq-len-floor",
+            removes="sequence-length lower bound removed",
+            module=f"{__name__}.logic",
+            attribute="seq_len_floor",
+            replacement=_requested_length,
+            tests=(
+                "tests/vllm_classes/test_v1_dummy_staging.py",
+                "-k",
+                "short_override or profile_length_with_four",
+            ),
+            caught="the negative length",
+        ),
+    ),
+)

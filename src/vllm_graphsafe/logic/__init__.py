@@ -1,1 +1,0 @@
-"""Pure logic shared by every adapter; imports numpy at most, never vLLM."""
