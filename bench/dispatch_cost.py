@@ -70,6 +70,7 @@ if __package__ in (None, ""):  # run as a script: make bench and tests importabl
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.timing import interleaved_samples
+from vllm_graphsafe import vllm_layout
 
 SIZES = (1, 8, 64, 256, 1024)
 #: Rows of the V1 input batch and the MRV2 request-state table (max_num_seqs).
@@ -79,8 +80,8 @@ DECODE_QUERY_LEN = 1 + NUM_SPECULATIVE_TOKENS
 STALE_ROWS = 64
 SEED = 0
 
-V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
-MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+V1_RUNNER = vllm_layout.V1_RUNNER
+MRV2_RUNNER = vllm_layout.MRV2_RUNNER
 
 Step = Callable[[], Any]
 
@@ -91,11 +92,11 @@ Step = Callable[[], Any]
 def import_vllm(context: str) -> float:
     """Import vLLM as a process has it when plugins load; seconds taken."""
     started = time.perf_counter()
-    importlib.import_module("vllm")
+    importlib.import_module(vllm_layout.PACKAGE)
     if context == "process":
         # vLLM loads general plugins from EngineArgs (API server), the engine
         # core and the workers: vllm.config and the engine args are in by then.
-        importlib.import_module("vllm.engine.arg_utils")
+        vllm_layout.load(vllm_layout.ENGINE_ARG_UTILS)
     return time.perf_counter() - started
 
 
@@ -256,11 +257,12 @@ def _v1_classify_only(
 
 def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from tests.vllm_classes import v1_runner
     from tests.vllm_classes.v1_runner import DispatchRecord, Row
     from vllm_graphsafe.patches.v1_phase_dispatch import bind_phase_aware_shape_rule
+
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     real = unwrapped(GPUModelRunner._determine_batch_execution_and_padding)
     signature = inspect.signature(real)
@@ -399,9 +401,9 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
     ``__getattribute__`` that vLLM's own ``RequestState`` does not have: the
     table is handed back to the release's class so that no timing includes it.
     """
-    from vllm.v1.worker.gpu.states import RequestState
-
     from tests.vllm_classes import mrv2_state
+
+    RequestState = vllm_layout.load(vllm_layout.MRV2_STATES).RequestState
 
     with table_rows(mrv2_state, "MAX_REQS", rows):
         step = mrv2_state.make_step(reqs, DECODE_QUERY_LEN)
@@ -411,8 +413,6 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
 
 def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    from vllm.v1.worker.gpu import cudagraph_utils
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     from tests.vllm_classes.mrv2_state import Req
     from vllm_graphsafe.patches.mrv2_phase_dispatch import (
@@ -420,6 +420,8 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
         bind_target_step,
     )
 
+    cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
+    GPUModelRunner = vllm_layout.load(vllm_layout.MRV2_RUNNER).GPUModelRunner
     has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
     execute_signature = inspect.signature(GPUModelRunner.execute_model)
     shape_count = getattr(

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.timing import difference, median_interval, paired, ratio, summarize
+from vllm_graphsafe import vllm_layout
 
 #: Per-step goal: what a phase rule adds to a step, as a share of what vLLM's
 #: own shape rule costs in the same rounds, at each of these batch sizes.
@@ -415,11 +416,11 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
     rows = []
     for summary in summaries.values():
         added = summary["runner_import_added_ms"]
-        v1 = added.get("vllm.v1.worker.gpu_model_runner")
+        v1 = added.get(vllm_layout.V1_RUNNER)
         others = [
             timing["median"]
             for module, timing in added.items()
-            if module != "vllm.v1.worker.gpu_model_runner"
+            if module != vllm_layout.V1_RUNNER
         ]
         context = (
             "vLLM process (`vllm.engine.arg_utils` imported)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_graphsafe import stats
+from vllm_graphsafe import stats, vllm_layout
 from vllm_graphsafe.patches import all_patches
 from vllm_graphsafe.registry import PatchFailedError, Registry
 
@@ -61,8 +61,8 @@ def _load_graph_hazard_emulator() -> None:
 
 def _vllm_logger() -> logging.Logger:
     try:
-        from vllm.logger import init_logger
+        init_logger = vllm_layout.load_name(vllm_layout.LOGGING, "init_logger")
     except ImportError:
-        return logging.getLogger("vllm.graphsafe")
-    vllm_logger: logging.Logger = init_logger("vllm.graphsafe")
+        return logging.getLogger(vllm_layout.LOGGER)
+    vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)
     return vllm_logger

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts_page import (
     CountsPage,
     link_page,
@@ -86,7 +87,7 @@ class StatsDirError(ValueError):
     """A statistics directory that cannot be read; ``str()`` is one sentence."""
 
 
-_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+_SERVER_MODULES = vllm_layout.SERVER_MODULES
 
 
 def process_role(process_name: str) -> str:

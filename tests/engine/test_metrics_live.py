@@ -33,6 +33,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine.cpu_config import server_command
 from vllm_graphsafe.stats import (
@@ -168,7 +169,7 @@ def two_api_servers(tiny_model: Path, tmp_path: Path) -> Iterator[LiveServer]:
     command = server_command(tiny_model, port, K)
     assert command[1:5] == [
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        vllm_layout.OPENAI_API_SERVER,
         "--model",
         str(tiny_model),
     ]
