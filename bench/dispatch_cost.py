@@ -68,6 +68,7 @@ if __package__ in (None, ""):  # run as a script: make bench and tests importabl
 
 from bench.plugin_cost import import_vllm, time_register, time_runner_imports
 from bench.timing import interleaved_samples
+from vllm_graphsafe import vllm_layout
 
 SIZES = (1, 8, 64, 256, 1024)
 #: Rows of the V1 input batch and the MRV2 request-state table (max_num_seqs).
@@ -135,7 +136,8 @@ def _v1_classify_only(
 
 def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     from tests.vllm_classes import v1_runner
     from tests.vllm_classes.v1_runner import DispatchRecord, Row
@@ -280,7 +282,7 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
     ``__getattribute__`` that vLLM's own ``RequestState`` does not have: the
     table is handed back to the release's class so that no timing includes it.
     """
-    from vllm.v1.worker.gpu.states import RequestState
+    RequestState = vllm_layout.load(vllm_layout.MRV2_STATES).RequestState
 
     from tests.vllm_classes import mrv2_state
 
@@ -292,8 +294,9 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
 
 def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
-    from vllm.v1.worker.gpu import cudagraph_utils
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
+    GPUModelRunner = vllm_layout.load(vllm_layout.MRV2_RUNNER).GPUModelRunner
 
     from tests.vllm_classes.mrv2_state import Req
     from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import (

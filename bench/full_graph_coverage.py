@@ -52,6 +52,8 @@ from vllm_graphsafe.fixes import dispatch_fixes
 if __package__ in (None, ""):  # run as a script: make bench and tests importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from vllm_graphsafe import vllm_layout
+
 WIDTHS = tuple(range(1, 17))
 TABLE_ROWS = 64
 
@@ -271,8 +273,6 @@ Rule = Callable[[TraceStep], bool]
 
 def v1_rules() -> dict[str, Rule]:
     """vLLM's shape rule, and the V1 dispatch as the plugin left it."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
     from tests.vllm_classes.v1_runner import (
         DispatchRecord,
         Row,
@@ -280,6 +280,8 @@ def v1_rules() -> dict[str, Rule]:
         make_runner,
         run_dispatch,
     )
+
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     # On the class, vLLM's static rule, whatever the plugin installed over it.
     shape_rule = GPUModelRunner._is_uniform_decode
@@ -311,10 +313,10 @@ def v1_rules() -> dict[str, Rule]:
 @contextlib.contextmanager
 def mrv2_rules() -> Iterator[dict[str, Rule]]:
     """vLLM's shape count, and MRV2's ``execute_model`` as the plugin left it."""
-    from vllm.v1.worker.gpu import cudagraph_utils
-
     from tests.vllm_classes import mrv2_state
     from tests.vllm_classes.mrv2_state import DispatchRecorder, Req, make_step
+
+    cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
 
     module: Any = importlib.import_module(mrv2_state.RUNNER_MODULE)
     original = module.dispatch_cg_and_sync_dp
@@ -420,10 +422,7 @@ def patch_states() -> dict[str, str]:
     from vllm_graphsafe.plugin import register, registry
 
     register()
-    for module in (
-        "vllm.v1.worker.gpu_model_runner",
-        "vllm.v1.worker.gpu.model_runner",
-    ):
+    for module in vllm_layout.RUNNERS.values():
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
     return {key: str(value) for key, value in registry().states().items()}

@@ -3,8 +3,8 @@
 In a fresh interpreter, with vLLM imported the way a vLLM process has it when it
 loads its plugins, time ``import vllm_graphsafe.plugin; register()``; then import
 the runner modules and time what the post-import wrapping adds to them.
-Only :mod:`vllm_graphsafe.vllm_layout` (no imports of its own) is loaded before
-:func:`time_register` times the plugin's import.
+Only :mod:`vllm_graphsafe.vllm_layout` (which imports only standard modules already
+loaded) is loaded before :func:`time_register` times the plugin's import.
 """
 
 from __future__ import annotations

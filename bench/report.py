@@ -18,6 +18,8 @@ from math import nan
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
+
 if __package__ in (None, ""):  # run as a script: make the bench package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -134,11 +136,11 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
     rows = []
     for summary in summaries.values():
         added = summary["runner_import_added_ms"]
-        v1 = added.get("vllm.v1.worker.gpu_model_runner")
+        v1 = added.get(vllm_layout.V1_RUNNER)
         others = [
             timing["median"]
             for module, timing in added.items()
-            if module != "vllm.v1.worker.gpu_model_runner"
+            if module != vllm_layout.V1_RUNNER
         ]
         context = (
             "vLLM process (`vllm.engine.arg_utils` imported)"

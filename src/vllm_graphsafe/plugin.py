@@ -176,7 +176,7 @@ def _load_graph_hazard_emulator() -> None:
 
 def _vllm_logger() -> logging.Logger:
     try:
-        from vllm.logger import init_logger
+        init_logger = vllm_layout.load_name(vllm_layout.LOGGING, "init_logger")
     except ImportError:
         return logging.getLogger(vllm_layout.LOGGER)
     vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)

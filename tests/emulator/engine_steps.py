@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
+
 K = 3
 BLOCK = 128
 
@@ -30,7 +32,8 @@ def ids(length: int, seed: int) -> list[int]:
 
 def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+
+    TokensPrompt = vllm_layout.load(vllm_layout.INPUTS).TokensPrompt
 
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 

@@ -22,8 +22,10 @@ from typing import Any, Literal
 
 import wrapt
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
+from vllm_graphsafe import vllm_layout
+
+RUNNER_MODULE = vllm_layout.V1_RUNNER
+DISPATCHER_MODULE = vllm_layout.CUDAGRAPH_DISPATCHER
 
 Step = dict[str, Any]
 

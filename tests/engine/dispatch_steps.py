@@ -14,12 +14,15 @@ import json
 import sys
 from pathlib import Path
 
+from vllm_graphsafe import vllm_layout
+
 SPEC_TOKENS = 3
 
 
 def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+
+    TokensPrompt = vllm_layout.load(vllm_layout.INPUTS).TokensPrompt
 
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import wrapt
 
+from vllm_graphsafe import vllm_layout
+
 SPEC_TOKENS = 3
 RENAMED = "num_prompt_tokens"
 
@@ -26,7 +28,7 @@ def read_by_graphsafe() -> bool:
 
 
 def hide_prompt_lengths_from_the_plugin() -> None:
-    import vllm.v1.worker.gpu_input_batch as batches
+    batches = vllm_layout.load(vllm_layout.V1_INPUT_BATCH)
 
     def getter(batch: Any) -> Any:
         if read_by_graphsafe():
@@ -53,7 +55,8 @@ def hide_prompt_lengths_from_the_plugin() -> None:
 
 def main(model_dir: str, mode: str) -> None:
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+
+    TokensPrompt = vllm_layout.load(vllm_layout.INPUTS).TokensPrompt
 
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 

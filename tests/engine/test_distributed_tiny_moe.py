@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.local_engine.tiny_model import (
     NUM_LAYERS,
     build_tiny_model,
@@ -66,7 +67,7 @@ def test_weights_match_transformers_qwen2_moe_layout(moe_dir: Path) -> None:
 
 @pytest.mark.vllm
 def test_vllm_counts_it_as_a_mixture_of_experts(moe_dir: Path) -> None:
-    config_module = pytest.importorskip("vllm.config")
+    config_module = pytest.importorskip(vllm_layout.CONFIG)
 
     model_config = config_module.ModelConfig(model=str(moe_dir), dtype="float32")
 

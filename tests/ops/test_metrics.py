@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_graphsafe import plugin
+from vllm_graphsafe import plugin, vllm_layout
 from vllm_graphsafe.counts import (
     ROLE_API_SERVER,
     ROLE_ENGINE_CORE,
@@ -292,7 +292,7 @@ def test_the_real_vllm_registry_in_multiprocess_mode_has_the_counts(
     dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Against the installed vLLM: the function its /metrics mount calls."""
-    vllm_prometheus = pytest.importorskip("vllm.v1.metrics.prometheus")
+    vllm_prometheus = pytest.importorskip(vllm_layout.PROMETHEUS)
     records, prometheus_dir = dirs
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prometheus_dir))
     assert metrics.serve_with_multiprocess_collector(records)

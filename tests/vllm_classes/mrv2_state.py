@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
-DP_MODULE = "vllm.v1.worker.gpu.dp_utils"
+from vllm_graphsafe import vllm_layout
+
+RUNNER_MODULE = vllm_layout.MRV2_RUNNER
+DP_MODULE = vllm_layout.MRV2_DP_UTILS
 MAX_REQS = 64
 MAX_TOKENS = 4096
 HIDDEN = 8
@@ -32,21 +34,7 @@ HIDDEN = 8
 PHASE_FIELDS = frozenset({"prefill_len", "num_computed_prefill_tokens"})
 #: Speculators whose ``propose`` may classify the draft prefill by shape:
 #: (module, class). Those a release lacks are not collected.
-SPECULATORS = (
-    ("vllm.v1.worker.gpu.spec_decode.eagle.speculator", "EagleSpeculator"),
-    (
-        "vllm.v1.worker.gpu.spec_decode.autoregressive.speculator",
-        "AutoRegressiveSpeculator",
-    ),
-    (
-        "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
-        "TargetDependentARSpeculator",
-    ),
-    (
-        "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator",
-        "MultiModuleMTPSpeculator",
-    ),
-)
+SPECULATORS = vllm_layout.MRV2_SPECULATORS
 
 
 class ReachedDispatch(Exception):
@@ -101,7 +89,7 @@ class _StagedWrites:
 
 
 def _recording_state_class() -> type:
-    from vllm.v1.worker.gpu.states import RequestState
+    RequestState: Any = vllm_layout.load(vllm_layout.MRV2_STATES).RequestState
 
     # RequestState is Any where vLLM is not installed (the pre-commit env).
     class RecordingRequestState(RequestState):  # type: ignore[misc]
@@ -241,8 +229,10 @@ class RecordingGraphManager:
     def dispatch(
         self, num_reqs: int, num_tokens: int, uniform_token_count: Any, **_: Any
     ) -> Any:
-        from vllm.config.compilation import CUDAGraphMode
-        from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+        CUDAGraphMode = vllm_layout.load(vllm_layout.COMPILATION_CONFIG).CUDAGraphMode
+        BatchExecutionDescriptor = vllm_layout.load(
+            vllm_layout.MRV2_CUDAGRAPH_UTILS
+        ).BatchExecutionDescriptor
 
         self.record.dispatched.append(uniform_token_count)
         return BatchExecutionDescriptor(
@@ -259,7 +249,7 @@ def make_step(
     dp_rank: int = 0,
     graph_record: GraphManagerRecord | None = None,
 ) -> Step:
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    GPUModelRunner = vllm_layout.load(vllm_layout.MRV2_RUNNER).GPUModelRunner
 
     state = request_state(decode_query_len - 1)
     if gaps:
@@ -336,8 +326,10 @@ class DispatchRecorder:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllm.config.compilation import CUDAGraphMode
-        from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+        CUDAGraphMode = vllm_layout.load(vllm_layout.COMPILATION_CONFIG).CUDAGraphMode
+        BatchExecutionDescriptor = vllm_layout.load(
+            vllm_layout.MRV2_CUDAGRAPH_UTILS
+        ).BatchExecutionDescriptor
 
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -362,7 +354,7 @@ class DispatchRecorder:
 
 
 def _batch_order(step: Step) -> list[str]:
-    from vllm.v1.worker.gpu import model_runner
+    model_runner = vllm_layout.load(vllm_layout.MRV2_RUNNER)
 
     output = step.scheduler_output
     sort = getattr(model_runner, "sort_batch_req_ids", None)
@@ -432,7 +424,7 @@ def _padded(values: Any, fill: Any) -> np.ndarray:
 
 def batch_has_phase_column() -> bool:
     """Whether the release's input batch carries ``is_prefilling_np`` (0.22+)."""
-    from vllm.v1.worker.gpu.input_batch import InputBatch
+    InputBatch = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBatch
 
     return "is_prefilling_np" in {f.name for f in dataclasses.fields(InputBatch)}
 
@@ -442,7 +434,7 @@ def _postprocess(step: Step, batch: Any) -> None:
     before ``propose``: it advances ``num_computed_prefill_tokens`` by the
     scheduled tokens, clamped to ``prefill_len``. Only its GPU kernel
     (``post_update``) is left out."""
-    from vllm.v1.worker.gpu import model_runner
+    model_runner: Any = vllm_layout.load(vllm_layout.MRV2_RUNNER)
 
     kernel = model_runner.post_update
     model_runner.post_update = lambda *_, **__: None
@@ -465,7 +457,7 @@ def input_batch(step: Step, **overrides: Any) -> Any:
     ``any_prefills(idx_mapping_np)`` and stores that array in the batch; the
     forward runs; ``postprocess`` advances the request states; then ``propose``.
     """
-    from vllm.v1.worker.gpu.input_batch import InputBatch
+    InputBatch = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBatch
 
     step.run_state_update()
     phase = batch_phase_fields(step)
@@ -514,7 +506,8 @@ def input_batch(step: Step, **overrides: Any) -> Any:
 
 def dummy_input_batch(num_reqs: int, width: int) -> Any:
     """The release's own capture/profile batch (``InputBatch.make_dummy``)."""
-    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+    InputBatch = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBatch
+    InputBuffers = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBuffers
 
     buffers = InputBuffers(MAX_REQS, MAX_TOKENS, torch.device("cpu"))
     return InputBatch.make_dummy(num_reqs, num_reqs * width, buffers)
@@ -579,7 +572,7 @@ def make_speculator(
     stop_at: int = 1,
 ) -> tuple[Any, DispatchRecorder]:
     """A speculator of the release with its dispatch replaced by a recorder."""
-    from vllm.v1.worker.gpu.input_batch import InputBuffers
+    InputBuffers = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBuffers
 
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)

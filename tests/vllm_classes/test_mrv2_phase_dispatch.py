@@ -43,7 +43,7 @@ from tests.vllm_classes.mrv2_state import (
     make_step,
     propose,
 )
-from vllm_graphsafe import counts
+from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.registry import HookPoint, PatchState, SourceReader, is_hooked
 from vllm_graphsafe.settings import read_settings
@@ -51,7 +51,7 @@ from vllm_graphsafe.settings import read_settings
 PATCH_ID = "mrv2-phase-dispatch"
 WIDTHS = [1, 3, 4, 5, 7, 8, 16]
 RUNNER_MODULE = mrv2_state.RUNNER_MODULE
-STATES_MODULE = "vllm.v1.worker.gpu.states"
+STATES_MODULE = vllm_layout.MRV2_STATES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,8 +159,8 @@ class Release:
 
 
 def release() -> Release:
-    from vllm.v1.worker.gpu.input_batch import InputBatch
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    InputBatch = vllm_layout.load(vllm_layout.MRV2_INPUT_BATCH).InputBatch
+    GPUModelRunner = vllm_layout.load(vllm_layout.MRV2_RUNNER).GPUModelRunner
 
     names = {f.name for f in dataclasses.fields(InputBatch)}
     return Release(
@@ -544,7 +544,7 @@ def test_decisions_are_counted_in_stats(monkeypatch: pytest.MonkeyPatch) -> None
 
 # -- layouts, judged by source text ---------------------------------------------
 
-_SPEC = "vllm.v1.worker.gpu.spec_decode"
+_SPEC = vllm_layout.MRV2_SPEC_DECODE
 _RUNNER_SOURCE = """
 from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
 
@@ -593,14 +593,14 @@ class FakeSources(SourceReader):
 
 
 _STATE_SOURCES = {
-    "vllm.v1.worker.gpu.states": """
+    vllm_layout.MRV2_STATES: """
 class RequestState:
     def __init__(self):
         self.num_computed_prefill_tokens = None
         self.prefill_len = None
         self.index_to_req_id = {}
 """,
-    "vllm.v1.worker.gpu.input_batch": """
+    vllm_layout.MRV2_INPUT_BATCH: """
 class InputBatch:
     num_reqs: int
     is_prefilling_np: object
@@ -705,7 +705,7 @@ _PRE_STEP_SOURCES = {
     def any_prefills(self, idx_mapping_np):
         return False
 """,
-    "vllm.v1.worker.gpu.input_batch": """
+    vllm_layout.MRV2_INPUT_BATCH: """
 class InputBatch:
     num_reqs: int
     idx_mapping_np: object
@@ -727,7 +727,7 @@ def test_a_batch_without_phase_column_hooks_the_pre_step_question() -> None:
     ("module", "old", "new", "named"),
     [
         pytest.param(
-            "vllm.v1.worker.gpu.input_batch",
+            vllm_layout.MRV2_INPUT_BATCH,
             "idx_mapping_np",
             "idx_mapping_v2",
             "idx_mapping_np",
@@ -765,9 +765,7 @@ def test_the_pre_step_layout_drifting_fails_at_bind_naming_it(
 def test_a_batch_with_its_phase_column_ignores_any_prefills() -> None:
     texts = {
         **_PRE_STEP_SOURCES,
-        "vllm.v1.worker.gpu.input_batch": _STATE_SOURCES[
-            "vllm.v1.worker.gpu.input_batch"
-        ],
+        vllm_layout.MRV2_INPUT_BATCH: _STATE_SOURCES[vllm_layout.MRV2_INPUT_BATCH],
     }
 
     patch = decided(texts)
@@ -898,9 +896,9 @@ def test_unreadable_draft_batch_state_gives_vllm_count_and_fails_the_patch(
 @pytest.mark.parametrize(
     ("module", "renamed"),
     [
-        ("vllm.v1.worker.gpu.states", "index_to_req_id"),
-        ("vllm.v1.worker.gpu.states", "prefill_len"),
-        ("vllm.v1.worker.gpu.input_batch", "is_prefilling_np"),
+        (vllm_layout.MRV2_STATES, "index_to_req_id"),
+        (vllm_layout.MRV2_STATES, "prefill_len"),
+        (vllm_layout.MRV2_INPUT_BATCH, "is_prefilling_np"),
     ],
 )
 def test_a_state_column_renamed_in_source_fails_at_bind_naming_it(

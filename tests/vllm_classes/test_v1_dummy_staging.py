@@ -20,12 +20,13 @@ from tests.vllm_classes.v1_dummy import (
     make_dummy_runner,
     run_dummy,
 )
+from vllm_graphsafe import vllm_layout
 
 regression = pytest.mark.regression("v1-dummy-staging")
 
 
 def release_stages_dcp_dummy_context() -> bool:
-    import vllm.v1.worker.cp_utils as cp_utils
+    cp_utils = vllm_layout.load(vllm_layout.V1_CP_UTILS)
 
     return hasattr(cp_utils, "prepare_dcp_dummy_context_metadata")
 
@@ -200,8 +201,8 @@ def test_real_request_computed_counts_survive_a_dummy_run(
 
 
 def _piecewise_determine(runner: object) -> object:
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
+    CUDAGraphMode = vllm_layout.load(vllm_layout.CONFIG).CUDAGraphMode
+    BatchDescriptor = vllm_layout.load(vllm_layout.FORWARD_CONTEXT).BatchDescriptor
 
     def determine(**kwargs: Any) -> object:
         descriptor = BatchDescriptor(num_tokens=kwargs["num_tokens"])
@@ -323,8 +324,8 @@ def test_a_positional_call_of_the_dcp_helper_is_staged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A release whose helper vLLM calls positionally still gets staged positions."""
-    import vllm.v1.worker.cp_utils as cp_utils
-    import vllm.v1.worker.gpu_model_runner as runner_module
+    cp_utils = vllm_layout.load(vllm_layout.V1_CP_UTILS)
+    runner_module = vllm_layout.load(vllm_layout.V1_RUNNER)
 
     from vllm_graphsafe.fixes.v1_dummy_staging.hooks import bind_staged_dcp_helper
 

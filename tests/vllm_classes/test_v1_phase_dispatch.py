@@ -21,7 +21,7 @@ from tests.vllm_classes.v1_runner import (
     make_runner,
     run_dispatch,
 )
-from vllm_graphsafe import counts
+from vllm_graphsafe import counts, vllm_layout
 
 SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
 
@@ -216,7 +216,7 @@ def test_non_uniform_shapes_skip_the_request_scan(
 def test_dp_sync_receives_the_phase_aware_classification(
     case: str, spec_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import vllm.v1.worker.gpu_model_runner as runner_module
+    runner_module = vllm_layout.load(vllm_layout.V1_RUNNER)
 
     q = spec_tokens + 1
     rows = CASES[case](q)
@@ -241,7 +241,7 @@ def release_classifies_early_in_the_worker() -> bool:
     from vllm_graphsafe.registry import SourceReader
 
     return SourceReader().calls(
-        "vllm.v1.worker.gpu_worker",
+        vllm_layout.V1_WORKER,
         "Worker.execute_model",
         "_determine_batch_execution_and_padding",
     )
@@ -320,7 +320,7 @@ SHAPE_CASES = [
 def test_the_shape_rule_answers_on_the_class_without_a_runner(
     arguments: tuple[Any, ...], shape_answer: bool
 ) -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     names = (
         "max_num_scheduled_tokens",
@@ -439,7 +439,7 @@ def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
     assert name in applied_patch.reason
     warnings = [r.getMessage() for r in caplog.records if r.name == "vllm.graphsafe"]
     assert len(warnings) == 1 and PATCH_ID in warnings[0] and name in warnings[0]
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     assert isinstance(vars(GPUModelRunner)["_is_uniform_decode"], staticmethod)
     assert "_is_uniform_decode" not in runner.__dict__

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_graphsafe import vllm_layout
+
 MAX_TOKENS = 64
 STALE_POSITION = 777
 STALE_COMPUTED = 555
@@ -92,14 +94,15 @@ def make_dummy_runner(
     real_computed: np.ndarray | None = None,
 ) -> tuple[Any, DummyRunRecord]:
     import torch
-    import vllm.v1.utils
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-    from vllm.v1.utils import CpuGpuBuffer
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    v1_utils = vllm_layout.load(vllm_layout.V1_UTILS)
+    CUDAGraphMode = vllm_layout.load(vllm_layout.CONFIG).CUDAGraphMode
+    BatchDescriptor = vllm_layout.load(vllm_layout.FORWARD_CONTEXT).BatchDescriptor
+    CpuGpuBuffer = vllm_layout.load(vllm_layout.V1_UTILS).CpuGpuBuffer
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     # CUDA builds pin host buffers before each copy; there is no driver here.
-    monkeypatch.setattr(vllm.v1.utils, "PIN_MEMORY", False, raising=False)
+    monkeypatch.setattr(v1_utils, "PIN_MEMORY", False, raising=False)
     record = DummyRunRecord()
     runner = object.__new__(GPUModelRunner)
     rows = max_num_seqs + 4

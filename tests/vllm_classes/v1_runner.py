@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_graphsafe import vllm_layout
+
 MAX_ROWS = 64
 
 
@@ -58,9 +60,9 @@ def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamesp
 def make_runner(
     decode_query_len: int, batch: Any, record: DispatchRecord, dp_size: int = 1
 ) -> Any:
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    CUDAGraphMode = vllm_layout.load(vllm_layout.CONFIG).CUDAGraphMode
+    BatchDescriptor = vllm_layout.load(vllm_layout.FORWARD_CONTEXT).BatchDescriptor
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
     class RecordingDispatcher:
         def dispatch(self, num_tokens: int, uniform_decode: bool, **_: Any) -> Any:

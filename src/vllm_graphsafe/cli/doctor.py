@@ -19,6 +19,7 @@ import platform
 import sys
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry, SourceReader
 from vllm_graphsafe.settings import (
     EMULATE_ENV,
@@ -44,10 +45,7 @@ exit status:
   {EXIT_BAD_SETTING}  a GRAPHSAFE_* variable has a value that is ignored (named above)
 """
 
-RUNNER_MODULES = {
-    "V1 (gpu_model_runner)": "vllm.v1.worker.gpu_model_runner",
-    "Model Runner V2 (gpu/model_runner)": "vllm.v1.worker.gpu.model_runner",
-}
+RUNNER_MODULES = vllm_layout.RUNNERS
 _SATISFIED = {PatchState.APPLIED, PatchState.NATIVE, PatchState.NOT_APPLICABLE}
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import wrapt
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.emulator.hazard import EmulatorState, HazardStep
 from vllm_graphsafe.settings import EMULATE_ENV, emulate_graph_hazard
 
@@ -124,8 +125,8 @@ def describe() -> dict[str, Any]:
 
 def _logger() -> logging.Logger:
     try:
-        from vllm.logger import init_logger
+        init_logger = vllm_layout.load_name(vllm_layout.LOGGING, "init_logger")
     except ImportError:
-        return logging.getLogger("vllm.graphsafe")
-    vllm_logger: logging.Logger = init_logger("vllm.graphsafe")
+        return logging.getLogger(vllm_layout.LOGGER)
+    vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)
     return vllm_logger

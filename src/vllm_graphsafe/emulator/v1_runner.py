@@ -28,6 +28,7 @@ from typing import Any
 
 import wrapt
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.emulator.hazard import (
     EmulatorState,
     StepObservation,
@@ -35,8 +36,8 @@ from vllm_graphsafe.emulator.hazard import (
     rows_in_prompt,
 )
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
+RUNNER_MODULE = vllm_layout.V1_RUNNER
+DISPATCHER_MODULE = vllm_layout.CUDAGRAPH_DISPATCHER
 RUNNER_CLASS = "GPUModelRunner"
 DISPATCHER_CLASS = "CudagraphDispatcher"
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
+
 MAX_MODEL_LEN = 2048
 BLOCK_SIZE = 128
 #: Environment for any process that runs the tiny model on vLLM's CPU backend.
@@ -55,7 +57,7 @@ def server_command(
     return [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        vllm_layout.OPENAI_API_SERVER,
         "--model",
         str(model_dir),
         "--host",

@@ -25,11 +25,13 @@ from typing import Any
 
 import wrapt
 
+from vllm_graphsafe import vllm_layout
+
 #: Where each worker writes its steps; unset means record nothing.
 STEP_DIR_ENV = "GRAPHSAFE_TEST_STEP_DIR"
 #: The value for ``--worker-extension-cls``.
 WORKER_EXTENSION = f"{__name__}.StepRecorderExtension"
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+RUNNER_MODULE = vllm_layout.V1_RUNNER
 
 
 class StepRecorderExtension:
@@ -86,7 +88,9 @@ class _Recorder:
         self.process["dp_size"] = int(parallel.data_parallel_size)
         self.process["tp_size"] = int(parallel.tensor_parallel_size)
         try:
-            from vllm.distributed import get_tensor_model_parallel_rank
+            get_tensor_model_parallel_rank = vllm_layout.load_name(
+                vllm_layout.DISTRIBUTED, "get_tensor_model_parallel_rank"
+            )
 
             self.process["tp_rank"] = int(get_tensor_model_parallel_rank())
         except (ImportError, AssertionError):
@@ -105,7 +109,9 @@ def _coordination_skipped() -> bool:
     """Whether vLLM skips the collective for this call (0.32 can, 0.27 cannot);
     a skipped call exchanges nothing, so it numbers no step."""
     try:
-        from vllm.v1.worker.dp_utils import should_skip_dp_coordination
+        should_skip_dp_coordination = vllm_layout.load_name(
+            vllm_layout.V1_DP_UTILS, "should_skip_dp_coordination"
+        )
     except ImportError:
         return False
     return bool(should_skip_dp_coordination())
@@ -161,7 +167,7 @@ def _install(directory: Path) -> None:
         RUNNER_MODULE, "GPUModelRunner.execute_model", recorder.record_step
     )
     wrapt.wrap_function_wrapper(
-        "vllm.v1.cudagraph_dispatcher",
+        vllm_layout.CUDAGRAPH_DISPATCHER,
         "CudagraphDispatcher.dispatch",
         recorder.record_dispatch,
     )
