@@ -44,7 +44,7 @@ PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 #: the source fix keeps vLLM's static shape rule (upstream's tests call it on the
 #: class) and checks the phase in the dispatch.
 PLUGIN_FORM_ONLY = (
-    "tests/vllm_classes/test_v1_phase_dispatch.py::"
+    "tests/release/classes/test_v1_phase_dispatch.py::"
     "test_the_rule_on_a_runner_takes_keywords_or_positions",
 )
 
@@ -214,7 +214,7 @@ def verify(venv: Path, workdir: Path) -> Checks:
             *pytest,
             "-p",
             "graphsafe_verify_selection",
-            "tests/vllm_classes",
+            "tests/release/classes",
             *(f"--deselect={test}" for test in PLUGIN_FORM_ONLY),
         ],
         env={

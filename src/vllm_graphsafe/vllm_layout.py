@@ -18,6 +18,7 @@ V1_WORKER = "vllm.v1.worker.gpu_worker"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch"
 V1_CP_UTILS = "vllm.v1.worker.cp_utils"
 V1_WORKER_UTILS = "vllm.v1.worker.utils"
+V1_UTILS = "vllm.v1.utils"
 CUDAGRAPH_DISPATCHER = "vllm.v1.cudagraph_dispatcher"
 
 # --- Model Runner V2 (gpu/) ----------------------------------------------------
@@ -39,6 +40,7 @@ MRV2_TARGET_DEPENDENT_AR_SPECULATOR = (
 
 # --- configuration, serving and metrics ---------------------------------------------
 CONFIG = "vllm.config"
+FORWARD_CONTEXT = "vllm.forward_context"
 COMPILATION_CONFIG = "vllm.config.compilation"
 PARALLEL_CONFIG = "vllm.config.parallel"
 ENGINE_ARG_UTILS = "vllm.engine.arg_utils"

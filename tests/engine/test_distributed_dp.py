@@ -43,8 +43,6 @@ from vllm_graphsafe.local_engine.step_recorder import STEP_DIR_ENV, WORKER_EXTEN
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_moe_model
 from vllm_graphsafe.stats import read_process_files
 
-pytestmark = pytest.mark.engine
-
 SPEC_TOKENS = 3
 STARTUP_TIMEOUT_S = 900.0
 DECODE_TIMEOUT_S = 180.0

@@ -42,8 +42,6 @@ from vllm_graphsafe.stats import (
     read_stats_dir,
 )
 
-pytestmark = pytest.mark.engine
-
 API_KEY = "sk-graphsafe-live-7c31d0e9b2"
 K = 3
 PROMPT = [11, 12, 13, 14]  # K + 1 tokens

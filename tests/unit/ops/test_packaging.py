@@ -1,0 +1,60 @@
+"""Installing from a checkout leaves the checkout as it was (no `build/`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGED = ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "src")
+
+
+def _snapshot(tree: Path) -> set[str]:
+    return {str(p.relative_to(tree)) for p in tree.rglob("*")}
+
+
+def test_building_a_wheel_from_a_checkout_writes_nothing_into_it(
+    tmp_path: Path,
+) -> None:
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in PACKAGED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(
+                source, checkout / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(source, checkout / name)
+    before = _snapshot(checkout)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(tmp_path / "dist"),
+            str(checkout),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert _snapshot(checkout) - before == set()
+
+    (wheel,) = (tmp_path / "dist").glob("vllm_graphsafe-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {
+        "vllm_graphsafe/py.typed",
+        "vllm_graphsafe/data/releases.json",
+        "vllm_graphsafe/local_engine/launcher.py",
+    } <= names
+    assert any(name.endswith("dist-info/entry_points.txt") for name in names)
