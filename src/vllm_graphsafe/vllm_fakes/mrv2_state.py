@@ -83,9 +83,8 @@ class _StagedWrites:
 
 
 def _recording_state_class() -> type:
-    RequestState = importlib.import_module(vllm_layout.MRV2_STATES).RequestState
+    RequestState: Any = importlib.import_module(vllm_layout.MRV2_STATES).RequestState
 
-    # RequestState is Any where vLLM is not installed (the pre-commit env).
     class RecordingRequestState(RequestState):  # type: ignore[misc]
         """Records reads of the phase columns once ``reads`` is a list."""
 
@@ -356,7 +355,7 @@ class DispatchRecorder:
 
 
 def _batch_order(step: Step) -> list[str]:
-    model_runner = importlib.import_module(vllm_layout.MRV2_RUNNER)
+    model_runner: Any = importlib.import_module(vllm_layout.MRV2_RUNNER)
 
     output = step.scheduler_output
     sort = getattr(model_runner, "sort_batch_req_ids", None)
@@ -438,7 +437,7 @@ def _postprocess(step: Step, batch: Any) -> None:
     (``post_update``) is left out."""
     import torch
 
-    model_runner = importlib.import_module(vllm_layout.MRV2_RUNNER)
+    model_runner: Any = importlib.import_module(vllm_layout.MRV2_RUNNER)
 
     kernel = model_runner.post_update
     model_runner.post_update = lambda *_, **__: None
