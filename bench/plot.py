@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.report import CASE_LABELS
+from bench.summaries import CASE_LABELS
 
 WIDTH, HEIGHT = 1000, 600
 LEFT, RIGHT, TOP, BOTTOM = 80, 380, 56, 64

@@ -42,7 +42,7 @@ REPO = BENCH_DIR.parent
 if __package__ in (None, ""):  # run as a script: make the bench package importable
     sys.path.append(str(REPO))
 
-from bench import end_to_end, plot, report  # noqa: E402
+from bench import end_to_end, plot, report, summaries  # noqa: E402
 from vllm_graphsafe.local_engine.cpu_config import CPU_ENV  # noqa: E402
 
 REFERENCE_ENV = "VLLM_GRAPHSAFE_BENCH_REFERENCE_PYTHON"
@@ -326,13 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         results["dispatch_cost"] = {
             "workers": workers,
             "summary": {
-                version: report.summarize_dispatch(worker)
+                version: summaries.summarize_dispatch(worker)
                 for version, worker in workers.items()
             },
         }
         results["plugin_cost"] = {
             "runs": measured["runs"],
-            "summary": report.summarize_plugin(measured["runs"]),
+            "summary": summaries.summarize_plugin(measured["runs"]),
         }
 
     log("FULL-graph coverage trace, through this release's dispatch")
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         results["full_graph_coverage"] = coverage
         missed = [
             name
-            for name, result in report.coverage_goals(coverage).items()
+            for name, result in summaries.coverage_goals(coverage).items()
             if result["met"] is False
         ]
         if missed:
@@ -375,12 +375,12 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         results["end_to_end"] = (
-            {"raw": e2e, "summary": report.summarize_end_to_end(e2e)}
+            {"raw": e2e, "summary": summaries.summarize_end_to_end(e2e)}
             if e2e is not None
             else {"skipped": "it failed: " + failures[-1]}
         )
 
-    results["goals"] = report.check_goals(results)
+    results["goals"] = summaries.check_goals(results)
     results["meta"]["wall_s"] = time.monotonic() - started
     if hasattr(os, "getloadavg"):
         results["meta"]["load_at_end"] = os.getloadavg()[0]

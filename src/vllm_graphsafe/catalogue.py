@@ -2,12 +2,13 @@
 
 One source for what users read: the fields each patch declares (id, title,
 what, why, binds_to, upstream, delete_when) and ``data/releases.json``. Doctor
-prints :func:`render_text`; the README's patch and support tables are the
-blocks :func:`render_patches_markdown` and :func:`render_support_markdown`
-write between their ``<!-- generated:NAME -->`` markers.
+prints :func:`render_text`; the README's support table and the patch table of
+``docs/fixes.md`` are the blocks :func:`render_support_markdown` and
+:func:`render_patches_markdown` write between their ``<!-- generated:NAME -->``
+markers (:func:`replace_block`, which the benchmark table uses too).
 
-``python -m vllm_graphsafe.catalogue --check README.md`` exits 1 when a block
-is stale, ``--write README.md`` regenerates them.
+``python -m vllm_graphsafe.catalogue --check README.md docs/fixes.md`` exits 1
+when a block is stale, ``--write README.md docs/fixes.md`` regenerates them.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def render_text(patches: Sequence[Patch] | None = None, width: int = 88) -> str:
 #: The name ``doctor --catalogue`` calls.
 render_catalogue = render_text
 
-#: README blocks generated here: marker name -> renderer.
+#: Document blocks generated here: marker name -> renderer.
 BLOCKS: dict[str, Callable[[], str]] = {
     "patches": render_patches_markdown,
     "support": render_support_markdown,
@@ -175,11 +176,13 @@ class MarkerError(ValueError):
     """The document lacks a block's markers."""
 
 
+def markers(name: str) -> tuple[str, str]:
+    """The comment lines that open and close the generated block ``name``."""
+    return f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+
+
 def _span(text: str, name: str) -> tuple[int, int]:
-    start_marker, end_marker = (
-        f"<!-- generated:{name} -->",
-        f"<!-- /generated:{name} -->",
-    )
+    start_marker, end_marker = markers(name)
     start = text.find(start_marker)
     end = text.find(end_marker)
     if start < 0 or end < start:
@@ -187,18 +190,41 @@ def _span(text: str, name: str) -> tuple[int, int]:
     return start + len(start_marker), end
 
 
+def holds_block(text: str, name: str) -> bool:
+    start_marker, end_marker = markers(name)
+    return 0 <= text.find(start_marker) < text.find(end_marker)
+
+
+def replace_block(text: str, name: str, content: str) -> str:
+    """``text`` with its generated block ``name`` holding ``content``.
+
+    The one splicer of generated blocks: the benchmark table uses it too.
+    """
+    start, end = _span(text, name)
+    return text[:start] + "\n" + content + "\n" + text[end:]
+
+
+def _blocks_in(
+    text: str, blocks: dict[str, Callable[[], str]]
+) -> dict[str, Callable[[], str]]:
+    """The blocks ``text`` holds; a document holding none of them is bad input."""
+    held = {name: render for name, render in blocks.items() if holds_block(text, name)}
+    if not held:
+        _span(text, next(iter(blocks)))
+    return held
+
+
 def with_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
-    """``text`` with every generated block rewritten from the data."""
-    for name, render in blocks.items():
-        start, end = _span(text, name)
-        text = text[:start] + "\n" + render() + "\n" + text[end:]
+    """``text`` with every generated block it holds rewritten from the data."""
+    for name, render in _blocks_in(text, blocks).items():
+        text = replace_block(text, name, render())
     return text
 
 
 def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[str]:
-    """Names of the blocks whose content differs from what the data renders."""
+    """Names of the blocks ``text`` holds whose content differs from the data's."""
     stale = []
-    for name, render in blocks.items():
+    for name, render in _blocks_in(text, blocks).items():
         start, end = _span(text, name)
         if text[start:end].strip() != render().strip():
             stale.append(name)
@@ -208,21 +234,29 @@ def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vllm_graphsafe.catalogue",
-        description="Print the patch catalogue, or check/regenerate the README "
-        "tables rendered from it. Exit status: 0 current, 1 stale, 2 bad input.",
+        description="Print the patch catalogue, or check/regenerate the document "
+        "tables rendered from it (README.md: the support table; docs/fixes.md: "
+        "the patch table). Exit status: 0 current, 1 stale, 2 bad input.",
     )
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--check", metavar="README", type=Path)
-    action.add_argument("--write", metavar="README", type=Path)
+    action.add_argument("--check", metavar="DOC", type=Path, nargs="+")
+    action.add_argument("--write", metavar="DOC", type=Path, nargs="+")
     action.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.check is None and args.write is None:
         print(render_markdown() if args.markdown else render_text())
         return EXIT_OK
-    path: Path = args.check or args.write
+    documents: list[Path] = args.check or args.write
+    status = EXIT_OK
+    for path in documents:
+        status = max(status, _check_or_write(path, write=args.write is not None))
+    return status
+
+
+def _check_or_write(path: Path, write: bool) -> int:
     try:
         text = path.read_text(encoding="utf-8")
-        if args.write is not None:
+        if write:
             path.write_text(with_blocks(text), encoding="utf-8")
             return EXIT_OK
         stale = stale_blocks(text)

@@ -345,10 +345,10 @@ def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int
 
 
 def _probe(args: argparse.Namespace, server: LocalServer) -> int:
+    from vllm_graphsafe.cli.probe import show_result
     from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
     from vllm_graphsafe.local_engine.tiny_model import VOCAB_SIZE
     from vllm_graphsafe.probe import ProbeSettings, run_probe
-    from vllm_graphsafe.probe.report import print_result
 
     options: dict[str, Any] = {}
     if args.decode_tokens is not None:
@@ -361,9 +361,7 @@ def _probe(args: argparse.Namespace, server: LocalServer) -> int:
         json_path=args.json,
         **options,
     )
-    result = run_probe(settings)
-    print_result(result, args.json)
-    return result.exit_code
+    return show_result(run_probe(settings), args.json)
 
 
 def _metrics_lines(base_url: str) -> list[str]:

@@ -1,7 +1,9 @@
 """``vllm-graphsafe probe``: command-line arguments to ``run_probe`` and back.
 
-The probe itself lives in :mod:`vllm_graphsafe.probe`; this module only maps
-arguments to :class:`~vllm_graphsafe.probe.ProbeSettings` and prints the result.
+The probe itself lives in :mod:`vllm_graphsafe.probe`; this module maps
+arguments to :class:`~vllm_graphsafe.probe.ProbeSettings`, and shows the result:
+the table, the statistics and the sentences on the terminal, the JSON report in
+its file or on standard output.
 """
 
 from __future__ import annotations
@@ -9,10 +11,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from typing import TextIO
 
-from vllm_graphsafe.probe.errors import EXIT_INTERRUPTED, EXIT_STATUSES
-from vllm_graphsafe.probe.report import print_result
-from vllm_graphsafe.probe.run import run_probe
+from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, CheckResult
+from vllm_graphsafe.probe.dispatch_stats import render_dispatch_stats
+from vllm_graphsafe.probe.errors import (
+    EXIT_BAD_ARGUMENT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_STATUSES,
+)
+from vllm_graphsafe.probe.report import report_text
+from vllm_graphsafe.probe.run import ProbeResult, run_probe
 from vllm_graphsafe.probe.session import DECODE_PROMPT
 from vllm_graphsafe.probe.settings import (
     API_KEY_VARIABLES,
@@ -45,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "It compares boundary-length prompts with neighbouring lengths, cold with\n"
         "prefix-cached runs, concurrent with solo runs, and a long greedy decode\n"
         f"of {DECODE_PROMPT!r} with and without boundary prompts inserted.\n"
-        "Where the model's context allows, the seed's long prompts join the plan\n"
+        "Where the model's context allows, long prompts join the plan\n"
         "(88,804 and 99,204 tokens for K=3 and 800-token blocks)."
     )
     parser.epilog = (
@@ -115,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-long-prompts",
         action="store_true",
-        help="leave the seed's long prompts out even where the context allows them",
+        help="leave the long prompts out even where the context allows them",
     )
     parser.add_argument(
         "--api-key",
@@ -174,7 +185,75 @@ def run(args: argparse.Namespace) -> int:
             "Interrupted: the probe stopped before its checks ended.", file=sys.stderr
         )
         return EXIT_INTERRUPTED
-    print_result(result, settings.json_path, quiet=getattr(args, "quiet", False))
+    return show_result(result, settings.json_path, quiet=getattr(args, "quiet", False))
+
+
+def format_table(checks: Sequence[CheckResult]) -> str:
+    rows = [("check", "length", "result", "detail")]
+    rows += [(c.name, c.length_label, c.status.upper(), c.detail) for c in checks]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = [
+        f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}"
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def summary_line(checks: Sequence[CheckResult]) -> str:
+    counts = {
+        status: sum(c.status == status for c in checks) for status in (PASS, FAIL, SKIP)
+    }
+    verdict = "FAILED" if counts[FAIL] else "passed"
+    return (
+        f"probe {verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, "
+        f"{counts[SKIP]} skipped"
+    )
+
+
+def show_result(
+    result: ProbeResult,
+    json_path: str | None,
+    quiet: bool = False,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Show a probe's outcome and write its JSON report; return the exit status.
+
+    The table goes to standard output, or to standard error when the JSON report
+    does (``json_path`` ``-``); ``quiet`` keeps only failed rows and the summary.
+    A report that cannot be written is one more sentence, and exit status 2 if
+    the probe itself passed.
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    if result.error is not None:
+        print(result.error, file=err)
+    else:
+        table_stream = err if json_path == "-" else out
+        failed = [check for check in result.checks if check.status == FAIL]
+        rows = failed if quiet else list(result.checks)
+        if rows:
+            print(format_table(rows), file=table_stream)
+        print(summary_line(result.checks), file=table_stream)
+    if result.dispatch_stats is not None:
+        print("\n".join(render_dispatch_stats(dict(result.dispatch_stats))), file=err)
+    late_errors = list(result.late_errors)
+    if json_path and result.report:
+        if json_path == "-":
+            out.write(report_text(result.report))
+        else:
+            try:
+                with open(json_path, "w", encoding="utf-8") as handle:
+                    handle.write(report_text(result.report))
+            except OSError as error:
+                reason = error.strerror or type(error).__name__
+                late_errors.append(
+                    f"Cannot write the JSON report to {json_path}: {reason}."
+                )
+    for sentence in late_errors:
+        print(sentence, file=err)
+    if late_errors and result.exit_code == EXIT_OK:
+        return EXIT_BAD_ARGUMENT
     return result.exit_code
 
 

@@ -7,7 +7,7 @@ decision, as handed to vLLM's CUDA-graph dispatcher, is "uniform decode" while
 a scheduled request is still in its prompt: the step a GPU would replay
 through the FULL decode graph over prefill metadata. Its requests (prefill and
 decode rows alike, the worst case) answer with the first id past the
-vocabulary from then on, as the reference report's greedy output did.
+vocabulary from then on, as an affected GPU server's greedy output does.
 
 It observes the decision that really reaches the dispatcher, after whatever
 hooks ``_is_uniform_decode`` carries, and knows nothing of this project's

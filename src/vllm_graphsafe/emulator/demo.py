@@ -1,6 +1,6 @@
 """Before and after, for an operator: one boundary prompt on emulating servers.
 
-The prompt is the reference's reproducer at this server's scale: "Reply with
+The prompt is the smallest case of the bug at this server's scale: "Reply with
 OK." through the chat template, padded with space tokens (in front of its last
 four ids) to one block plus K+1 tokens. Sent twice, the second time the block
 comes from the prefix cache and only the last K+1 tokens are scheduled: the

@@ -5,7 +5,7 @@ says uniform decode while a scheduled request is still in its prompt: a GPU
 would replay the FULL decode graph over prefill metadata. Every request
 scheduled in such a step is *poisoned* (the prefill rows, and the decode rows
 sharing the step, the worst case), and from then on each token sampled for it
-is replaced by the first id past the vocabulary, as the reference report saw
+is replaced by the first id past the vocabulary, as an affected GPU server shows
 (a repeated out-of-vocabulary id in greedy output). A poisoned request stays
 poisoned until it finishes: a corrupted recurrent or KV state does not heal.
 """

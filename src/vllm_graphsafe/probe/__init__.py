@@ -7,10 +7,13 @@ garbage. The probe sends prompts whose (chunk) length lands on K+1, or on a bloc
 or chunk boundary plus K+1, next to control prompts one token shorter and longer,
 and judges the answers with small pure checks (``checks``).
 
-Modules, each one concept: ``settings`` (what to probe), ``plan`` (which lengths),
-``client`` (HTTP through httpx), ``session`` (the requests, in order), ``checks``,
-``report``, ``run`` (the entry point). Nothing here imports vLLM; httpx and tqdm
-are imported only once a probe runs.
+Modules, each one concept: ``settings`` (what to probe, checked before any
+request), ``plan`` (which lengths), ``client`` (HTTP through httpx), ``session``
+(the requests, in order), ``checks``, ``report`` (the JSON report's data),
+``dispatch_stats`` (the server's statistics), ``redaction`` (the API key out of
+everything returned), ``run`` (the entry point). Nothing here prints: the command
+line (:mod:`vllm_graphsafe.cli.probe`) shows the result and writes the report.
+Nothing here imports vLLM; httpx and tqdm are imported only once a probe runs.
 
 Usage::
 

@@ -2,12 +2,12 @@
 
 Boundary lengths are K+1, a block (or chunk) plus K+1, and two blocks plus K+1,
 each next to controls one token shorter and longer. With 800-token blocks and
-K = 3 the first block boundary is the seed's HTTP reproducer, 804 tokens.
-When the served model's context allows them, the seed's long prompts join the
+K = 3 the first block boundary is the case first reported, an 804-token prompt.
+When the served model's context allows them, the reported long prompts join the
 plan: 88,800 and 99,200 tokens of context (111 and 124 blocks of 800, rounded up
 to whole blocks of the server's size) plus K+1, i.e. 88,804 and 99,204 tokens for
 K = 3; they are sent cold and warm, together as a pair, and the first one is
-inserted into the ongoing decode, as the seed did.
+inserted into the ongoing decode, as in the report.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 #: /v1/models, /tokenize (instruction), /tokenize (filler).
 BASE_DISCOVERY_REQUESTS = 3
-#: The seed reproducer's cache block size and its long prompts' context lengths.
+#: The first reported case's cache block size and its long prompts' context lengths.
 SEED_BLOCK_SIZE = 800
 SEED_LONG_CONTEXTS = (111 * SEED_BLOCK_SIZE, 124 * SEED_BLOCK_SIZE)
 # Kept at the end of every padded prompt so that it still ends with the chat
@@ -96,7 +96,7 @@ def make_plan(
     labels_by_offset: dict[int, list[str]] = {0: [f"K+1 = {step}"]}
     first_block = f"block {block_size} + K+1"
     if block_size == SEED_BLOCK_SIZE and step == 4:
-        first_block += " (the seed reproducer)"
+        first_block += " (the case first reported)"
     offsets = [(block_size, first_block)]
     offsets.append((2 * block_size, f"2 x block {block_size} + K+1"))
     if chunk_size is not None:
@@ -140,7 +140,7 @@ def concurrent_groups(lengths: Sequence[int], size: int) -> tuple[tuple[int, ...
 
 
 def long_boundaries(num_speculative_tokens: int, block_size: int) -> list[Boundary]:
-    """The seed's long prompts, at whole blocks of ``block_size`` plus K+1."""
+    """The reported long prompts, at whole blocks of ``block_size`` plus K+1."""
     step = num_speculative_tokens + 1
     boundaries = []
     for context in SEED_LONG_CONTEXTS:
@@ -194,7 +194,7 @@ def with_long_prompts(
     max_tokens: int,
     max_requests: int,
 ) -> ProbePlan:
-    """``plan`` plus the seed's long prompts, where the server and budget allow them.
+    """``plan`` plus the reported long prompts, where the server and budget allow them.
 
     Each long prompt is sent cold and warm; the two go together as one pair, and
     the first is inserted into the ongoing decode. They have no controls: a long

@@ -1,4 +1,11 @@
-"""``run_probe``: validate the settings, probe the server, gather the report."""
+"""``run_probe``: check the settings, probe the server, return what it found.
+
+One pass: the settings are checked once, before any request; the checks run;
+the statistics are read once after them, so that they count the probe's own
+requests; the whole result is redacted once, at the end. Nothing is printed or
+written here but the progress bar: showing the result and writing the JSON
+report are the caller's.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from typing import Any, TextIO
 
 from vllm_graphsafe.probe.checks import FAIL, CheckResult
 from vllm_graphsafe.probe.client import RequestBudget, ServerClient
+from vllm_graphsafe.probe.dispatch_stats import read_dispatch_stats
 from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
     EXIT_CHECK_FAILED,
@@ -19,15 +27,10 @@ from vllm_graphsafe.probe.errors import (
 )
 from vllm_graphsafe.probe.plan import make_plan
 from vllm_graphsafe.probe.progress import Progress
-from vllm_graphsafe.probe.report import (
-    build_report,
-    check_report_path,
-    read_dispatch_stats,
-    redact,
-    write_report,
-)
+from vllm_graphsafe.probe.redaction import redact
+from vllm_graphsafe.probe.report import build_report
 from vllm_graphsafe.probe.session import ProbeSession, ProbeState
-from vllm_graphsafe.probe.settings import ProbeSettings, check_numbers, parse_base_url
+from vllm_graphsafe.probe.settings import ProbeSettings, check_settings
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,9 @@ class ProbeResult:
     """How a probe ended: its exit code, its checks and the JSON report's data.
 
     ``error`` is the sentence that ended the probe early, if one did;
-    ``late_errors`` are sentences about the statistics or the report file, found
-    after the checks ran. None of them, nor ``report``, holds the API key.
+    ``late_errors`` are sentences about the statistics, found after the checks
+    ran. ``dispatch_stats`` are the statistics read then. Nothing here holds
+    the API key.
     """
 
     exit_code: int
@@ -51,33 +55,24 @@ class ProbeResult:
         return self.exit_code == EXIT_OK
 
 
-def check_settings(settings: ProbeSettings) -> str:
-    """The normalized base URL; a ``ProbeError`` before any request otherwise."""
-    base_url = parse_base_url(settings.base_url)
-    check_numbers(settings)
-    if settings.json_path:
-        check_report_path(settings.json_path)
-    if settings.stats_dir:
-        read_dispatch_stats(settings.stats_dir)
-    return base_url
-
-
 def run_probe(
     settings: ProbeSettings, progress_stream: TextIO | None = None
 ) -> ProbeResult:
     """Probe the server ``settings`` names; print nothing but the progress bar.
 
     The bar goes to ``progress_stream`` (default: standard error) when
-    ``settings.progress`` is set and that stream is a terminal. The JSON report is
-    written to ``settings.json_path`` unless that is ``-`` (the caller prints it).
+    ``settings.progress`` is set and that stream is a terminal.
     """
-    stream = progress_stream or sys.stderr
-    secret = settings.api_key
+    result = _probe(settings, progress_stream or sys.stderr)
+    return redact(result, settings.api_key)
+
+
+def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
+    """The result as found, before the API key is taken out of it."""
     try:
         base_url = check_settings(settings)
     except ProbeError as error:
-        message = redact(error.message, secret)
-        return ProbeResult(error.exit_status, error=message)
+        return ProbeResult(error.exit_status, error=error.message)
 
     plan = make_plan(
         settings.num_speculative_tokens,
@@ -106,7 +101,7 @@ def run_probe(
         exit_code = EXIT_CHECK_FAILED if failed else EXIT_OK
     except ProbeError as error:
         exit_code = error.exit_status
-        error_message = redact(error.message, secret)
+        error_message = error.message
     finally:
         progress.close()
 
@@ -117,18 +112,7 @@ def run_probe(
             dispatch_stats = read_dispatch_stats(settings.stats_dir)
         except ProbeError as error:
             late_errors.append(error.message)
-    report = build_report(state, budget.used, exit_code, error_message)
-    if dispatch_stats is not None:
-        report["dispatch_stats"] = dispatch_stats
-    report = redact(report, secret)
-    if settings.json_path and settings.json_path != "-":
-        try:
-            write_report(settings.json_path, report)
-        except OSError as error:
-            reason = error.strerror or type(error).__name__
-            late_errors.append(
-                f"Cannot write the JSON report to {settings.json_path}: {reason}."
-            )
+    report = build_report(state, budget.used, exit_code, error_message, dispatch_stats)
     if late_errors and exit_code == EXIT_OK:
         exit_code = EXIT_BAD_ARGUMENT
     return ProbeResult(

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe.probe.dispatch_stats import read_dispatch_stats
 from vllm_graphsafe.probe.errors import bad_argument
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
@@ -33,7 +36,11 @@ _USER_INFO = re.compile(r"//[^/@]*@")
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """A probe of one server. ``api_key`` is sent as is and never shown."""
+    """A probe of one server. ``api_key`` is sent as is and never shown.
+
+    ``json_path`` is where the caller writes the JSON report (``-``: standard
+    output); :func:`check_settings` makes sure it can, before any request.
+    """
 
     base_url: str
     model: str | None = None
@@ -148,3 +155,37 @@ def check_numbers(settings: ProbeSettings) -> None:
             f"--timeout must be a number of seconds above 0 and at most "
             f"{MAX_TIMEOUT:g}, not {timeout:g}."
         )
+
+
+def check_report_path(path: str) -> None:
+    """Raise a ``ProbeError`` now if the JSON report could not be written there."""
+    if path == "-":
+        return
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        reason = "it is a directory"
+    elif not folder.is_dir():
+        reason = f"the directory {str(folder)!r} does not exist"
+    elif target.exists() and not os.access(target, os.W_OK):
+        reason = "the file is not writable"
+    elif not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        reason = f"the directory {str(folder)!r} is not writable"
+    else:
+        return
+    raise bad_argument(f"Cannot write the JSON report to {path}: {reason} (--json).")
+
+
+def check_settings(settings: ProbeSettings) -> str:
+    """The normalized base URL; a ``ProbeError`` before any request otherwise.
+
+    A statistics directory is checked by reading it; the statistics the probe
+    shows are read again after its requests, so that they count those too.
+    """
+    base_url = parse_base_url(settings.base_url)
+    check_numbers(settings)
+    if settings.json_path:
+        check_report_path(settings.json_path)
+    if settings.stats_dir:
+        read_dispatch_stats(settings.stats_dir)
+    return base_url

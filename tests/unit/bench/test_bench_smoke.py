@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from bench import full_graph_coverage, report
+from bench import full_graph_coverage, report, summaries
 from bench.full_graph_coverage import ScheduledRow, TraceStep
+from vllm_graphsafe import catalogue
 
 ROOT = Path(__file__).resolve().parents[3]
 SIZES = ("1", "256", "1024")
@@ -135,7 +136,7 @@ def _e2e(on: list[float], off: list[float]) -> dict[str, Any]:
         "turns": turns,
         "dispatch": {"on": {"counts": {"v1-phase-dispatch": {"uniform_decode": 3}}}},
     }
-    return {"raw": raw, "summary": report.summarize_end_to_end(raw)}
+    return {"raw": raw, "summary": summaries.summarize_end_to_end(raw)}
 
 
 def _results() -> dict[str, Any]:
@@ -183,16 +184,16 @@ def _results() -> dict[str, Any]:
         },
         "dispatch_cost": {
             "workers": workers,
-            "summary": {v: report.summarize_dispatch(w) for v, w in workers.items()},
+            "summary": {v: summaries.summarize_dispatch(w) for v, w in workers.items()},
         },
-        "plugin_cost": {"runs": runs, "summary": report.summarize_plugin(runs)},
+        "plugin_cost": {"runs": runs, "summary": summaries.summarize_plugin(runs)},
         "end_to_end": _e2e([1000.0] * 8, [1000.0] * 8),
         "full_graph_coverage": _coverage(leaked_pct=0.0),
     }
 
 
 def test_per_step_goals_are_shares_of_the_shape_rule_in_the_same_rounds() -> None:
-    goals = report.check_goals(_results())
+    goals = summaries.check_goals(_results())
 
     typical = goals["v1_added_per_step (typical, 256 requests, 0.27.1)"]
     worst = goals["v1_added_per_step (worst, 1024 requests, 0.27.1)"]
@@ -208,10 +209,10 @@ def test_per_step_goals_are_shares_of_the_shape_rule_in_the_same_rounds() -> Non
 
 
 def test_coverage_goal_fails_on_a_single_prompt_step_let_in() -> None:
-    assert report.coverage_goals(_coverage(0.0))[
+    assert summaries.coverage_goals(_coverage(0.0))[
         "full_graph_coverage (v1, vLLM 0.27.1)"
     ]["met"]
-    missed = report.coverage_goals(_coverage(0.5))
+    missed = summaries.coverage_goals(_coverage(0.5))
     assert missed["full_graph_coverage (v1, vLLM 0.27.1)"]["met"] is False
     assert missed["full_graph_coverage (mrv2, vLLM 0.27.1)"]["met"] is None
 
@@ -233,13 +234,13 @@ def test_end_to_end_verdict_is_symmetric(
     higher_is_better: bool,
     expected: tuple[bool | None, str],
 ) -> None:
-    assert report.interval_verdict(low, high, higher_is_better) == expected
+    assert summaries.interval_verdict(low, high, higher_is_better) == expected
 
 
 def test_a_clear_end_to_end_slowdown_is_reported_as_such() -> None:
     off = [1000.0] * 16
     slower = [960.0 + index for index in range(16)]
-    goals = report.end_to_end_goals(_e2e(slower, off))
+    goals = summaries.end_to_end_goals(_e2e(slower, off))
 
     assert goals["end_to_end_tokens_per_s"]["verdict"] == "**slower**"
     assert goals["end_to_end_tokens_per_s"]["met"] is False
@@ -247,10 +248,10 @@ def test_a_clear_end_to_end_slowdown_is_reported_as_such() -> None:
 
 def test_markdown_and_readme_table_hold_every_goal() -> None:
     results = _results()
-    results["goals"] = report.check_goals(results)
+    results["goals"] = summaries.check_goals(results)
 
     markdown = report.markdown(results)
-    block = report.readme_block(results)
+    block = report.benchmarks_table(results)
 
     for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### Goals"):
         assert heading in markdown
@@ -261,25 +262,44 @@ def test_markdown_and_readme_table_hold_every_goal() -> None:
     assert "**missed**" in block
 
 
-# -- the README ------------------------------------------------------------------
+# -- the benchmarks page ---------------------------------------------------------
+
+BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
 
 
-def test_readme_benchmark_table_is_the_one_results_json_gives() -> None:
-    assert (
-        report.main(["--readme", str(ROOT / "README.md"), "--check"]) == report.EXIT_OK
-    )
+def test_the_benchmarks_page_table_is_the_one_results_json_gives() -> None:
+    assert report.main(["--doc", str(BENCHMARKS_PAGE), "--check"]) == report.EXIT_OK
 
 
-def test_a_stale_readme_table_is_reported(
+def test_a_stale_benchmark_table_is_reported_and_rewritten(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{report.README_BEGIN}\nold\n{report.README_END}\n")
+    page = tmp_path / "benchmarks.md"
+    begin, end = catalogue.markers("bench")
+    page.write_text(f"# x\n{begin}\nold\n{end}\n")
 
-    assert report.main(["--readme", str(readme), "--check"]) == report.EXIT_STALE
+    assert report.main(["--doc", str(page), "--check"]) == report.EXIT_STALE
     assert "is not the one" in capsys.readouterr().err
-    assert report.main(["--readme", str(readme)]) == report.EXIT_OK
-    assert report.main(["--readme", str(readme), "--check"]) == report.EXIT_OK
+    assert report.main(["--doc", str(page)]) == report.EXIT_OK
+    assert report.main(["--doc", str(page), "--check"]) == report.EXIT_OK
+    assert page.read_text().startswith(f"# x\n{begin}\nFrom `bench/results/")
+
+
+def test_the_old_readme_option_still_names_the_document(tmp_path: Path) -> None:
+    page = tmp_path / "README.md"
+    page.write_text(BENCHMARKS_PAGE.read_text())
+    assert report.main(["--readme", str(page), "--check"]) == report.EXIT_OK
+
+
+def test_a_page_without_the_table_is_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# no table here\n")
+    assert report.main(["--doc", str(page)]) == report.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"report.py: cannot update {page}")
+    assert "generated:bench" in err and "Traceback" not in err
 
 
 def test_unreadable_results_are_one_sentence(

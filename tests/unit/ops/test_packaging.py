@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -58,3 +59,28 @@ def test_building_a_wheel_from_a_checkout_writes_nothing_into_it(
         "vllm_graphsafe/local_engine/launcher.py",
     } <= names
     assert any(name.endswith("dist-info/entry_points.txt") for name in names)
+
+
+def _sdist_includes() -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[tool.hatch.build.targets.sdist]", 1)[1]
+    match = re.search(r"include = \[([^\]]*)\]", section)
+    assert match, "pyproject.toml names no sdist include list"
+    return re.findall(r'"([^"]+)"', match.group(1))
+
+
+def test_every_page_the_readme_links_to_exists_and_ships_in_the_sdist() -> None:
+    links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert "docs/fixes.md" in local
+    included = _sdist_includes()
+    for link in local:
+        assert (ROOT / link).is_file(), f"README.md links to a missing {link}"
+        assert link.split("/")[0] in included, f"the sdist leaves out {link}"
+
+
+def test_every_link_between_the_docs_pages_resolves() -> None:
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for link in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
+            if "://" not in link:
+                assert (page.parent / link).is_file(), f"{page.name} links to {link}"

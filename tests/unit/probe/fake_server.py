@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 BOS_ID = 1
@@ -25,6 +27,10 @@ ASSISTANT_ID = 4
 NEWLINE_ID = 5
 BYTE_OFFSET = 10  # byte b is token b + 10
 EXCLAMATION_ID = BYTE_OFFSET + ord("!")
+#: The one process whose statistics record the fake keeps (``FakeConfig.stats_dir``).
+STATS_PID = 4242
+STATS_PATCH = "v1-phase-dispatch"
+STATS_EVENT = "completions_answered"
 
 
 @dataclass
@@ -56,6 +62,9 @@ class FakeConfig:
     echo_authorization: bool = False
     # Completions close the connection without answering.
     drop_completions: bool = False
+    # Like a server with the plugin: a statistics record here counts every
+    # completion request before it is answered (``STATS_PID``, ``STATS_EVENT``).
+    stats_dir: Path | None = None
 
 
 @dataclass
@@ -104,6 +113,27 @@ class FakeVllm:
         self._seen_prompts: set[tuple[int, ...]] = set()
         self._active: list[dict[str, bool]] = []
         self._arrivals = 0
+        self._completions = 0
+        if config.stats_dir is not None:
+            self._write_stats()
+
+    def count_completion(self) -> None:
+        with self._lock:
+            self._completions += 1
+            if self.config.stats_dir is not None:
+                self._write_stats()
+
+    def _write_stats(self) -> None:
+        assert self.config.stats_dir is not None
+        record = {
+            "pid": STATS_PID,
+            "patches": {STATS_PATCH: "applied"},
+            "counts": {STATS_PATCH: {STATS_EVENT: self._completions}},
+        }
+        final = self.config.stats_dir / f"{STATS_PID}.json"
+        staged = final.with_name(final.name + ".staged")
+        staged.write_text(json.dumps(record))
+        os.replace(staged, final)
 
     def answer(self, prompt: list[int], max_tokens: int, warm: bool) -> list[int]:
         config = self.config
@@ -234,6 +264,7 @@ class FakeHandler(BaseHTTPRequestHandler):
     def complete(self, body: dict[str, Any]) -> None:
         config = self.fake.config
         self.fake.completion_arrived.set()
+        self.fake.count_completion()
         if config.completion_hang_s:
             self.fake.stopping.wait(config.completion_hang_s)
         if config.drop_completions:

@@ -13,7 +13,9 @@ from tests.unit.probe.test_probe_fake_server import (
     probe_fake,
 )
 from vllm_graphsafe.cli.main import build_parser
-from vllm_graphsafe.probe import ProbeSettings, errors
+from vllm_graphsafe.probe import ProbeResult, ProbeSettings, errors
+from vllm_graphsafe.probe.checks import CheckResult
+from vllm_graphsafe.probe.redaction import redact
 
 KEY = "sk-graphsafe-7d41c0ffee"
 WRONG = "sk-wrong-0000"
@@ -96,6 +98,47 @@ def test_a_key_echoed_by_the_server_is_redacted(
     assert result.status == errors.EXIT_HTTP_ERROR
     assert_one_sentence(result.stderr, "HTTP 500", "<api key>")
     assert KEY not in everything_shown(result, tmp_path)
+
+
+def test_each_string_is_redacted_once(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A key inside the marker: a second redaction would turn the echoed key's
+    # "<api key>" into "<<api key>>".
+    key = "api key"
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    config = FakeConfig(api_key=key, completion_status=500, echo_authorization=True)
+    result, _ = probe_fake(capsys, tmp_path, config)
+
+    assert result.status == errors.EXIT_HTTP_ERROR
+    assert_one_sentence(result.stderr, "(request had Bearer <api key>)")
+    assert result.report is not None
+    assert result.report["error"] == result.stderr.strip()
+    assert "<<" not in everything_shown(result, tmp_path)
+
+
+def test_a_result_is_redacted_everywhere_and_keeps_its_types() -> None:
+    check = CheckResult("vocab", (4, 5), "fail", f"answer quotes {KEY}")
+    result = ProbeResult(
+        exit_code=errors.EXIT_CHECK_FAILED,
+        checks=(check,),
+        report={"checks": [{"detail": f"answer quotes {KEY}"}], "lengths": (4,)},
+        error=f"ended on {KEY}",
+        late_errors=(f"late {KEY}",),
+    )
+
+    redacted = redact(result, KEY)
+
+    assert KEY not in repr(redacted)
+    assert redacted.checks == (
+        CheckResult("vocab", (4, 5), "fail", "answer quotes <api key>"),
+    )
+    assert redacted.report["lengths"] == (4,)
+    assert redacted.error == "ended on <api key>"
+    assert redacted.late_errors == ("late <api key>",)
+    assert KEY in repr(result)
 
 
 def test_settings_never_show_the_key() -> None:

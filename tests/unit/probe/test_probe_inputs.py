@@ -97,6 +97,22 @@ def test_unwritable_json_path_is_refused_before_any_request(
     assert server.log.count == 0
 
 
+def test_a_report_that_cannot_be_written_after_the_checks_is_one_sentence(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # /dev/full accepts the open and refuses the write: the checks run, and pass.
+    with RunningFakeServer() as server:
+        result = run_probe(
+            capsys, tmp_path, server.url, "--json", "/dev/full", with_report=False
+        )
+
+    assert result.status == errors.EXIT_BAD_ARGUMENT
+    assert_one_sentence(
+        result.stderr, "Cannot write the JSON report to /dev/full", "No space left"
+    )
+    assert "probe passed" in result.stdout
+
+
 @pytest.mark.parametrize(
     "content",
     [

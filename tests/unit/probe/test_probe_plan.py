@@ -1,6 +1,6 @@
-"""The seed's reproducer and long prompts are in the plan where the server allows.
+"""The first reported case and long prompts are in the plan where the server allows.
 
-Expected lengths are the seed's own numbers (an 804-token prompt with 800-token
+Expected lengths are the report's own numbers (an 804-token prompt with 800-token
 blocks and K = 3; 88,804 and 99,204-token prompts), not values read back from
 the code under test.
 """
@@ -16,23 +16,24 @@ from tests.unit.probe.test_probe_fake_server import probe_fake
 from vllm_graphsafe.probe import errors
 from vllm_graphsafe.probe.plan import ProbePlan, make_plan, with_long_prompts
 
-SEED_LONG = (88_804, 99_204)
+REPORTED_LONG = (88_804, 99_204)
 MAX_TOKENS = 24
 
 
-def seed_plan(max_model_len: int | None, max_requests: int = 200) -> ProbePlan:
+def reported_plan(max_model_len: int | None, max_requests: int = 200) -> ProbePlan:
     plan = make_plan(3, 800, None, 2, needs_vocab_probe=True)
     return with_long_prompts(plan, 3, 800, max_model_len, MAX_TOKENS, max_requests)
 
 
-def test_a_large_server_gets_the_seed_reproducer_and_the_long_prompts() -> None:
-    plan = seed_plan(max_model_len=131_072)
+def test_a_large_server_gets_the_first_reported_case_and_the_long_prompts() -> None:
+    plan = reported_plan(max_model_len=131_072)
 
-    assert plan.boundary_lengths == (4, 804, 1604, *SEED_LONG)
-    seed = plan.boundaries[1]
-    assert "seed reproducer" in seed.label and seed.controls == (803, 805)
-    assert plan.long_lengths == SEED_LONG
-    assert {(804, 804), (804, 1604), SEED_LONG} <= set(plan.groups)
+    assert plan.boundary_lengths == (4, 804, 1604, *REPORTED_LONG)
+    first_block = plan.boundaries[1]
+    assert "the case first reported" in first_block.label
+    assert first_block.controls == (803, 805)
+    assert plan.long_lengths == REPORTED_LONG
+    assert {(804, 804), (804, 1604), REPORTED_LONG} <= set(plan.groups)
     assert plan.decode_inserts == (4, 804, 1604, 88_804)
     # 4 discovery + 11 lengths cold and warm + 6 same-length, 4 mixed and the
     # long pair together + solo and perturbed decode with 4 inserts.
@@ -43,7 +44,7 @@ def test_a_large_server_gets_the_seed_reproducer_and_the_long_prompts() -> None:
 def test_a_smaller_server_or_unknown_limit_gets_no_long_prompts(
     max_model_len: int | None,
 ) -> None:
-    plan = seed_plan(max_model_len)
+    plan = reported_plan(max_model_len)
 
     assert plan.long_lengths == ()
     assert 804 in plan.boundary_lengths
@@ -51,11 +52,11 @@ def test_a_smaller_server_or_unknown_limit_gets_no_long_prompts(
 
 
 def test_the_long_prompts_fit_exactly_at_the_limit() -> None:
-    assert seed_plan(99_204 + MAX_TOKENS).long_lengths == SEED_LONG
+    assert reported_plan(99_204 + MAX_TOKENS).long_lengths == REPORTED_LONG
 
 
 def test_long_prompts_stay_out_when_the_request_budget_cannot_hold_them() -> None:
-    plan = seed_plan(131_072, max_requests=4 + 22 + 12 + 6 - 1)
+    plan = reported_plan(131_072, max_requests=4 + 22 + 12 + 6 - 1)
 
     assert plan.long_lengths == ()
     assert any("--max-requests" in note for note in plan.notes)

@@ -1,4 +1,4 @@
-"""The catalogue renders each patch's declared facts; the README's tables match it."""
+"""The catalogue renders each patch's declared facts; the documents' tables match it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from vllm_graphsafe.patches import all_patches
 from vllm_graphsafe.releases import release_table
 
 README = Path(__file__).resolve().parents[3] / "README.md"
+FIXES_PAGE = README.parent / "docs" / "fixes.md"
 RELEASES = Path(__file__).resolve().parents[3] / "src/vllm_graphsafe/data/releases.json"
 
 
@@ -28,9 +29,15 @@ def run_catalogue(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_readme_tables_are_generated_from_the_current_data() -> None:
-    result = run_catalogue("--check", str(README))
+def test_the_document_tables_are_generated_from_the_current_data() -> None:
+    result = run_catalogue("--check", str(README), str(FIXES_PAGE))
     assert result.returncode == 0, result.stderr
+
+
+def test_the_support_table_is_on_the_front_page_and_the_patch_table_in_docs() -> None:
+    assert catalogue.holds_block(README.read_text(), "support")
+    assert not catalogue.holds_block(README.read_text(), "patches")
+    assert catalogue.holds_block(FIXES_PAGE.read_text(), "patches")
 
 
 def test_a_stale_table_is_found_and_rewritten(tmp_path: Path) -> None:
@@ -43,6 +50,21 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path: Path) -> None:
 
     assert run_catalogue("--write", str(copy)).returncode == 0
     assert copy.read_text() == README.read_text()
+
+
+def test_each_stale_document_is_named_and_both_are_rewritten(tmp_path: Path) -> None:
+    readme, fixes = tmp_path / "README.md", tmp_path / "fixes.md"
+    readme.write_text(README.read_text().replace("| applied |", "| native |", 1))
+    fixes.write_text(FIXES_PAGE.read_text().replace("| `v1-", "| `v9-", 1))
+
+    stale = run_catalogue("--check", str(readme), str(fixes))
+    assert stale.returncode == catalogue.EXIT_STALE
+    assert f"{readme}: the generated support table(s)" in stale.stderr
+    assert f"{fixes}: the generated patches table(s)" in stale.stderr
+
+    assert run_catalogue("--write", str(readme), str(fixes)).returncode == 0
+    assert readme.read_text() == README.read_text()
+    assert fixes.read_text() == FIXES_PAGE.read_text()
 
 
 def test_a_document_without_markers_is_bad_input(tmp_path: Path) -> None:

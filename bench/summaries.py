@@ -1,0 +1,299 @@
+"""Summaries of the raw measurements, and the goals judged on what the run measured.
+
+``bench/run.py`` stores both in results.json; ``bench/report.py`` renders them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from bench.timing import difference, median_interval, paired, ratio, summarize
+
+#: Per-step goal: what a phase rule adds to a step, as a share of what vLLM's
+#: own shape rule costs in the same rounds, at each of these batch sizes.
+ADDED_SHARE_BUDGET = 0.5
+GOAL_SIZES = ("256", "1024")
+PLUGIN_BUDGET_MS = 50.0
+#: Fewer repetitions (quick mode) only show that the servers run.
+MIN_E2E_REPETITIONS = 4
+
+CASE_LABELS = {
+    "v1.shape": "V1 shape rule (vLLM)",
+    "v1.phase": "V1 phase rule (graphsafe), all rows decoding",
+    "v1.phase_prefill": "V1 phase rule (graphsafe), one row a prompt chunk",
+    "mrv2.shape": "MRV2 shape rule (vLLM <= 0.27)",
+    "mrv2.phase": "MRV2 phase rule (graphsafe), no row in prefill",
+    "mrv2.phase_stale": "MRV2 phase rule (graphsafe), +64 unscheduled rows mid-prefill",
+    "mrv2.native": "MRV2 native phase rule (vLLM 0.28+, gather_batch_req_state)",
+}
+BASELINE = {"v1": "v1.shape", "mrv2": "mrv2.shape"}
+#: The phase rule's typical and worst case, per runner.
+GOAL_CASES = {
+    "v1": (("typical", "v1.phase"), ("worst", "v1.phase_prefill")),
+    "mrv2": (("typical", "mrv2.phase"), ("worst", "mrv2.phase_stale")),
+}
+
+
+def added_share(a: float, b: float) -> float:
+    """What ``a`` adds to ``b``, as a share of ``b``."""
+    return (a - b) / b
+
+
+# -- benchmark 1 -----------------------------------------------------------------
+
+
+def summarize_dispatch(worker: dict[str, Any]) -> dict[str, Any]:
+    """Per case and size: µs per step, and against the shape rule of its runner.
+
+    ``added_share`` is (case - shape rule) / shape rule, paired within rounds.
+    """
+    samples: dict[str, dict[str, list[float]]] = worker["seconds_per_call"]
+    cases: dict[str, Any] = {}
+    for name, per_size in samples.items():
+        baseline = samples.get(BASELINE[name.split(".")[0]], {})
+        rows: dict[str, Any] = {}
+        for size, values in per_size.items():
+            row: dict[str, Any] = {"us": summarize(values, 1e6)}
+            if name not in BASELINE.values() and size in baseline:
+                row["ratio"] = summarize(paired(values, baseline[size], ratio))
+                row["added_us"] = summarize(
+                    paired(values, baseline[size], difference), 1e6
+                )
+                row["added_share"] = summarize(
+                    paired(values, baseline[size], added_share)
+                )
+            rows[size] = row
+        cases[name] = rows
+    return {"cases": cases}
+
+
+# -- benchmark 2 -----------------------------------------------------------------
+
+
+def summarize_plugin(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        plugin = run["plugin"]
+        key = (run["vllm"], plugin["context"], plugin["bytecode"])
+        groups.setdefault(key, []).append(run)
+    summary: dict[str, Any] = {}
+    for (version, context, bytecode), group in sorted(groups.items()):
+        added: dict[str, list[float]] = {}
+        for run in group:
+            for module, timing in run.get("runner_imports", {}).items():
+                added.setdefault(module, []).append(timing["added_ms"])
+        summary[f"{version}/{context}/{bytecode}"] = {
+            "vllm": version,
+            "context": context,
+            "bytecode": bytecode,
+            "register_ms": summarize([run["plugin"]["register_ms"] for run in group]),
+            "modules_imported": statistics.median(
+                run["plugin"]["modules_imported"] for run in group
+            ),
+            "states": group[0]["plugin"]["states"],
+            "runner_import_added_ms": {
+                module: summarize(values) for module, values in added.items()
+            },
+        }
+    return summary
+
+
+# -- benchmark 3 -----------------------------------------------------------------
+
+
+def summarize_end_to_end(result: dict[str, Any]) -> dict[str, Any]:
+    turns = result["turns"]
+    summary: dict[str, Any] = {}
+    for metric in ("tokens_per_s", "mean_ttft_ms"):
+        on = [turn[metric] for turn in turns["on"]]
+        off = [turn[metric] for turn in turns["off"]]
+        ratios = paired(on, off, ratio)
+        summary[metric] = {
+            "on": summarize(on),
+            "off": summarize(off),
+            "ratio_on_off": summarize(ratios),
+            "ratio_median_ci95": list(median_interval(ratios)),
+        }
+    return summary
+
+
+# -- goals -----------------------------------------------------------------------
+
+
+def goal(
+    met: bool | None,
+    detail: str,
+    verdict: str | None = None,
+    row: tuple[str, str, str] | None = None,
+) -> dict[str, Any]:
+    """``met`` None: not measured, unless ``verdict`` says what else.
+
+    ``row`` is the goal's line in docs/benchmarks.md's table: (measure, result, target).
+    """
+    result: dict[str, Any] = {"met": met, "detail": detail}
+    if verdict is not None:
+        result["verdict"] = verdict
+    if row is not None:
+        result["row"] = list(row)
+    return result
+
+
+def dispatch_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Added cost per step <= ADDED_SHARE_BUDGET x vLLM's shape rule, where it runs.
+
+    A runner whose phase cases were not measured on this release (MRV2 where
+    vLLM classifies by phase itself, so the patch stays inert) has no goal.
+    """
+    goals: dict[str, Any] = {}
+    cases = summary["cases"]
+    for family, kinds in GOAL_CASES.items():
+        native = f"{family}.native" in cases
+        if native or not any(name in cases for _, name in kinds):
+            continue
+        shape = cases.get(BASELINE[family], {})
+        for size in GOAL_SIZES:
+            for kind, name in kinds:
+                key = f"{family}_added_per_step ({kind}, {size} requests, {version})"
+                row = cases.get(name, {}).get(size)
+                measure = (
+                    f"{family.upper()} phase rule, {kind} case, {size} requests "
+                    f"(vLLM {version}): added per step"
+                )
+                target = f"<= x{ADDED_SHARE_BUDGET} the shape rule"
+                if row is None or size not in shape:
+                    goals[key] = goal(
+                        None,
+                        f"{name} at {size} requests not measured",
+                        row=(measure, "not measured", target),
+                    )
+                    continue
+                share = row["added_share"]
+                met = share["median"] <= ADDED_SHARE_BUDGET
+                goals[key] = goal(
+                    met,
+                    f"{CASE_LABELS.get(name, name)} adds "
+                    f"{row['added_us']['median']:+.2f} µs "
+                    f"[{row['added_us']['p10']:+.2f}…{row['added_us']['p90']:+.2f}] "
+                    f"to vLLM's shape rule at {shape[size]['us']['median']:.2f} µs: "
+                    f"x{share['median']:.2f} of it "
+                    f"[{share['p10']:.2f}…{share['p90']:.2f}], paired within "
+                    f"{row['us']['n']:.0f} rounds (goal <= x{ADDED_SHARE_BUDGET})",
+                    row=(
+                        measure,
+                        f"x{share['median']:.2f} ({row['added_us']['median']:+.2f} µs "
+                        f"on {shape[size]['us']['median']:.2f} µs)",
+                        target,
+                    ),
+                )
+    return goals
+
+
+def interval_verdict(
+    low: float, high: float, higher_is_better: bool
+) -> tuple[bool | None, str]:
+    """One symmetric rule for an on/off ratio's interval of the median.
+
+    An interval holding 1.0 detects no difference, within its half-width; one
+    that excludes 1.0 says which way. Only a detected slowdown is a miss.
+    """
+    if low <= 1.0 <= high:
+        return None, f"no difference detected within ±{50 * (high - low):.1f}%"
+    better = (low > 1.0) == higher_is_better
+    return (None, "faster") if better else (False, "**slower**")
+
+
+def end_to_end_goals(e2e: dict[str, Any]) -> dict[str, Any]:
+    goals: dict[str, Any] = {}
+    repetitions = e2e["raw"]["repetitions"]
+    for metric, label, higher_is_better in (
+        ("tokens_per_s", "output tokens/s", True),
+        ("mean_ttft_ms", "mean time to first token", False),
+    ):
+        summary = e2e["summary"][metric]
+        median = summary["ratio_on_off"]["median"]
+        low, high = summary["ratio_median_ci95"]
+        detail = (
+            f"{label} plugin on/off: median x{median:.3f}, 95% interval of the "
+            f"median x{low:.3f}…x{high:.3f}, {repetitions} paired repetition(s)"
+        )
+        key = f"end_to_end_{metric}"
+        measure = f"end to end, {label}, plugin on/off ({repetitions} pairs)"
+        result = f"x{median:.3f} (95% interval of the median x{low:.3f}…x{high:.3f})"
+        target = "no slowdown detected"
+        if repetitions < MIN_E2E_REPETITIONS:
+            goals[key] = goal(
+                None, detail + "; too few to judge", row=(measure, result, target)
+            )
+            continue
+        met, verdict = interval_verdict(low, high, higher_is_better)
+        goals[key] = goal(met, detail, verdict=verdict, row=(measure, result, target))
+    return goals
+
+
+def coverage_goals(coverage: dict[str, Any]) -> dict[str, Any]:
+    """Each installed phase rule: every genuine decode kept, no prompt step let in."""
+    goals: dict[str, Any] = {}
+    kept, leaked = coverage["decode_kept_pct"], coverage["prompt_as_decode_pct"]
+    for runner in ("v1", "mrv2"):
+        key = f"full_graph_coverage ({runner}, vLLM {coverage['vllm']})"
+        measure = (
+            f"FULL-graph coverage, {runner.upper()} (vLLM {coverage['vllm']}): "
+            "genuine decode kept / prompt steps let in"
+        )
+        target = "100% / 0%"
+        if runner in coverage["skipped"]:
+            goals[key] = goal(
+                None, coverage["skipped"][runner], row=(measure, "not measured", target)
+            )
+            continue
+        phase, shape = f"{runner}.phase", f"{runner}.shape"
+        goals[key] = goal(
+            kept[phase] == 100.0 and leaked[phase] == 0.0,
+            f"genuine uniform decode kept on the FULL decode graph {kept[phase]:.1f}% "
+            f"(vLLM's shape rule {kept[shape]:.1f}%); steps holding a prompt sent "
+            f"to it {leaked[phase]:.2f}% (shape rule {leaked[shape]:.2f}%), over "
+            f"{coverage['steps']} steps (goal 100% / 0%)",
+            row=(
+                measure,
+                f"{kept[phase]:.1f}% / {leaked[phase]:.2f}% (vLLM's shape rule "
+                f"{kept[shape]:.1f}% / {leaked[shape]:.2f}%)",
+                target,
+            ),
+        )
+    return goals
+
+
+def check_goals(results: dict[str, Any]) -> dict[str, Any]:
+    goals: dict[str, Any] = {}
+    dispatch = results.get("dispatch_cost", {}).get("summary", {})
+    for version, summary in dispatch.items():
+        goals.update(dispatch_goals(version, summary))
+    for key, summary in results.get("plugin_cost", {}).get("summary", {}).items():
+        if summary["context"] != "process" or summary["bytecode"] != "cached":
+            continue
+        register = summary["register_ms"]["median"]
+        added = sum(
+            timing["median"] for timing in summary["runner_import_added_ms"].values()
+        )
+        total = register + added
+        goals[f"plugin_cost_ms ({key})"] = goal(
+            total < PLUGIN_BUDGET_MS,
+            f"import + register() {register:.1f} ms, post-import wrapping "
+            f"{added:.1f} ms: {total:.1f} ms per process (budget "
+            f"{PLUGIN_BUDGET_MS:.0f} ms)",
+            row=(
+                f"plugin import + register + post-import wrapping per process "
+                f"(vLLM {summary['vllm']})",
+                f"{total:.1f} ms",
+                f"< {PLUGIN_BUDGET_MS:.0f} ms",
+            ),
+        )
+    e2e = results.get("end_to_end", {})
+    if "summary" in e2e:
+        goals.update(end_to_end_goals(e2e))
+    coverage = results.get("full_graph_coverage")
+    if coverage:
+        goals.update(coverage_goals(coverage))
+    return goals
