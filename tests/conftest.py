@@ -1,4 +1,11 @@
-"""Test-wide isolation and the negative-control switches.
+"""Test-wide isolation, the tiers' markers and the negative-control switches.
+
+Every test lives in a tier folder, and its markers come from that folder:
+``tests/unit`` (no vLLM, no torch: no marker), ``tests/release`` (the runner
+classes of the installed vLLM release: ``vllm``) and ``tests/engine`` (real CPU
+engines and servers: ``vllm`` and ``engine``). A test that sets one of these
+markers itself fails the collection. A tier that ``-m`` deselects whole is not
+imported at all, so ``-m "not vllm"`` runs where vLLM is not installed.
 
 ``--negative-control=PATCH_ID`` keeps only the regression tests of that patch
 (marked ``regression(PATCH_ID)``); CI runs them with the plugin disabled on a
@@ -16,10 +23,16 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
+from collections.abc import Callable
+from itertools import product
+from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 from vllm_graphsafe.fixes import all_fixes
+
+pytest_plugins = ("tests.backport_trees",)
 
 os.environ.setdefault(
     "VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
@@ -51,6 +64,92 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+TESTS = Path(__file__).resolve().parent
+#: The markers each tier's tests carry, from the folder under tests/ they are in.
+TIER_MARKERS: dict[str, frozenset[str]] = {
+    "unit": frozenset(),
+    "release": frozenset({"vllm"}),
+    "engine": frozenset({"vllm", "engine"}),
+}
+SET_FROM_THE_FOLDER = frozenset().union(*TIER_MARKERS.values())
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder ``path`` is in, or None outside every tier."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    return parts[0] if parts and parts[0] in TIER_MARKERS else None
+
+
+def may_select(expression: Expression, tier_markers: frozenset[str]) -> bool:
+    """Whether some test of a tier can match ``expression``.
+
+    The tier's own markers are known; every other name the expression uses
+    (``regression``, say) is tried both present and absent.
+    """
+    others: list[str] = []
+
+    def matcher_for(present: dict[str, bool]) -> Callable[..., bool]:
+        def matcher(name: str, /, **_: str | int | bool | None) -> bool:
+            if name in tier_markers:
+                return True
+            if name not in present and name not in others:
+                others.append(name)
+            return present.get(name, False)
+
+        return matcher
+
+    while True:
+        seen = len(others)
+        for values in product((False, True), repeat=seen):
+            present = dict(zip(others[:seen], values, strict=True))
+            if expression.evaluate(matcher_for(present)):
+                return True
+        if len(others) == seen:
+            return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    tier = tier_of(collection_path)
+    markexpr = config.getoption("markexpr")
+    if tier is None or not markexpr:
+        return None
+    if may_select(Expression.compile(markexpr), TIER_MARKERS[tier]):
+        return None
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Mark each test by its tier before ``-m`` selects, then the negative control."""
+    mark_by_tier(items)
+    select_negative_control(config, items)
+
+
+def mark_by_tier(items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        if not item.path.resolve().is_relative_to(TESTS):
+            continue  # a file outside tests/ that loads this conftest as a plugin
+        tier = tier_of(item.path)
+        own = {m.name for m in item.iter_markers() if m.name in SET_FROM_THE_FOLDER}
+        if tier is None or own:
+            misplaced.append(item.nodeid)
+            continue
+        for name in sorted(TIER_MARKERS[tier]):
+            item.add_marker(name)
+    if misplaced:
+        raise pytest.UsageError(
+            "a test's tier is its folder (tests/unit, tests/release or "
+            "tests/engine), which sets its vllm and engine markers; move or "
+            f"unmark {', '.join(misplaced)}"
+        )
+
+
 EMPTY_PARAMETER_SET = "got empty parameter set"
 
 
@@ -71,9 +170,7 @@ def empty_regression_lists(items: list[pytest.Item], patch_id: str) -> list[str]
     ]
 
 
-def pytest_collection_modifyitems(
-    config: pytest.Config, items: list[pytest.Item]
-) -> None:
+def select_negative_control(config: pytest.Config, items: list[pytest.Item]) -> None:
     target = config.getoption("--negative-control")
     if target is None:
         return

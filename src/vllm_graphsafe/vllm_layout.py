@@ -58,6 +58,7 @@ MRV2_SPECULATORS = (
 
 # --- configuration, serving and metrics ---------------------------------------------
 CONFIG = "vllm.config"
+FORWARD_CONTEXT = "vllm.forward_context"
 COMPILATION_CONFIG = "vllm.config.compilation"
 PARALLEL_CONFIG = "vllm.config.parallel"
 ENGINE_ARG_UTILS = "vllm.engine.arg_utils"

@@ -5,7 +5,7 @@ Usage: python dispatch_steps.py MODEL_DIR  (prints one JSON object on its last l
 The ground truth comes from the scheduler, not from the runner: a step holds
 prompt tokens when a scheduled request had computed less than its prompt.
 What the runner decided is what reached vLLM's CUDA graph dispatcher first in
-the step (:class:`tests.emulator.step_recording.StepRecorder`).
+the step (:class:`tests.engine.emulator.step_recording.StepRecorder`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(model_dir: str) -> None:
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.emulator.step_recording import StepRecorder
+    from tests.engine.emulator.step_recording import StepRecorder
 
     recorder = StepRecorder(dispatch_call="first").install()
 

@@ -12,12 +12,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-import pytest
-
 from vllm_graphsafe.cli import demo
 from vllm_graphsafe.local_engine.launcher import free_port, live_group_members
-
-pytestmark = pytest.mark.engine
 
 
 def demo_env(temp_dir: Path) -> dict[str, str]:

@@ -43,8 +43,6 @@ from vllm_graphsafe.local_engine import step_recorder as recorder
 from vllm_graphsafe.local_engine.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_moe_model
 
-pytestmark = pytest.mark.engine
-
 SPEC_TOKENS = 3
 STARTUP_TIMEOUT_S = 900.0
 DECODE_TIMEOUT_S = 180.0

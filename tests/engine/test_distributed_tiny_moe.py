@@ -65,7 +65,6 @@ def test_weights_match_transformers_qwen2_moe_layout(moe_dir: Path) -> None:
     assert not any(".experts." in name for name in stored)
 
 
-@pytest.mark.vllm
 def test_vllm_counts_it_as_a_mixture_of_experts(moe_dir: Path) -> None:
     config_module = pytest.importorskip(vllm_layout.CONFIG)
 

@@ -41,8 +41,6 @@ from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine import step_recorder as recorder
 from vllm_graphsafe.local_engine.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 
-pytestmark = pytest.mark.engine
-
 SPEC_TOKENS = 3
 STARTUP_TIMEOUT_S = 900.0
 PATCH = "v1-phase-dispatch"

@@ -14,11 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.scripts import run_python
 
-pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("drift_steps.py")
 
 

@@ -16,9 +16,7 @@ import pytest
 
 from tests.scripts import last_answer
 
-pytestmark = pytest.mark.engine
-
-SCRIPT = Path(__file__).parents[1] / "emulator" / "engine_steps.py"
+SCRIPT = Path(__file__).parent / "emulator" / "engine_steps.py"
 SWITCHES = (
     "GRAPHSAFE_DISABLE",
     "VLLM_GRAPHSAFE_DISABLE",

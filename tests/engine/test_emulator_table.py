@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulator.cases import (
+from tests.engine.emulator.cases import (
     CASE_NAMES,
     CASES,
     CHUNK,
@@ -32,7 +32,7 @@ from tests.emulator.cases import (
     Client,
     case_named,
 )
-from tests.emulator.step_log import STEP_LOG_ENV, WORKER_EXTENSION
+from tests.engine.emulator.step_log import STEP_LOG_ENV, WORKER_EXTENSION
 from vllm_graphsafe.emulator.demo import boundary_answer
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.local_engine.launcher import (
@@ -40,8 +40,6 @@ from vllm_graphsafe.local_engine.launcher import (
     running_server,
     server_environment,
 )
-
-pytestmark = pytest.mark.engine
 
 STARTUP_TIMEOUT_S = 600.0
 EMULATOR_LINE = "GRAPH-HAZARD EMULATOR ACTIVE"
@@ -56,7 +54,7 @@ PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 EMULATE = {"GRAPHSAFE_EMULATE_GRAPH_HAZARD": "1"}
 DISABLED, ENABLED = "plugin disabled", "plugin enabled"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Each server logs its steps (tests.emulator.step_log), which the ongoing
+#: Each server logs its steps (tests.engine.emulator.step_log), which the ongoing
 #: decode case reads.
 SERVER_ARGS = [
     "--max-num-batched-tokens",

@@ -15,7 +15,6 @@ import pytest
 
 from tests.engine.serving import run_engine_script
 
-pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("dispatch_steps.py")
 
 

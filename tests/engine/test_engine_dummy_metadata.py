@@ -14,7 +14,6 @@ import pytest
 
 from tests.engine.serving import run_engine_script
 
-pytestmark = pytest.mark.engine
 SCRIPT = Path(__file__).with_name("dummy_metadata.py")
 
 

@@ -43,8 +43,6 @@ from vllm_graphsafe.counts import (
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine.cpu_config import server_command
 
-pytestmark = pytest.mark.engine
-
 API_KEY = "sk-graphsafe-live-7c31d0e9b2"
 K = 3
 PROMPT = [11, 12, 13, 14]  # K + 1 tokens

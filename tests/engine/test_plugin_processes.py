@@ -12,12 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.engine.serving import running_server
 from vllm_graphsafe.counts import read_process_files
 
-pytestmark = pytest.mark.engine
 V1_PATCHES = {"v1-phase-dispatch", "v1-dummy-staging"}
 
 

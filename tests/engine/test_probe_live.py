@@ -18,8 +18,6 @@ from vllm_graphsafe.cli.probe import run
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.probe import errors
 
-pytestmark = pytest.mark.engine
-
 API_KEY = "sk-graphsafe-live-5f0c3a9e"
 
 

@@ -157,7 +157,6 @@ def spec_decode_drafts(engine: Any) -> int:
     )
 
 
-@pytest.mark.engine
 def test_engine_greedy_generation_is_deterministic(
     cpu_engine: Any, model_dir: Path
 ) -> None:

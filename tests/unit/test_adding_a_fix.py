@@ -28,7 +28,7 @@ DUMMY_ID = "dummy-fix"
 #: A module of no installed package: the dummy never applies, and judging so
 #: imports nothing (a missing module inside vllm/ would import vLLM to look).
 ABSENT_MODULE = "graphsafe_absent_package.runner"
-DUMMY_TEST = "tests/vllm_classes/test_dummy_fix.py::test_the_plugin_form"
+DUMMY_TEST = "tests/release/classes/test_dummy_fix.py::test_the_plugin_form"
 
 
 def _keep(value: Any, _num_scheduled: Any) -> Any:
@@ -55,7 +55,7 @@ DUMMY = Fix(
             module=PACKAGE,
             attribute="piece",
             replacement=_keep,
-            tests=("tests/vllm_classes/test_dummy_fix.py",),
+            tests=("tests/release/classes/test_dummy_fix.py",),
             caught="the missing piece",
         ),
     ),

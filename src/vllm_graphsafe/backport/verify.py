@@ -1,4 +1,4 @@
-"""Helpers shared by ``scripts/verify_backport.py`` and ``tests/backport``.
+"""Helpers shared by ``scripts/verify_backport.py`` and the backport tests.
 
 They copy a release's installed ``vllm`` package into a scratch tree (``.py``
 files copied, everything else hard-linked when the file system allows, so a

@@ -56,7 +56,7 @@ FIX = Fix(
             attribute="seq_len_floor",
             replacement=_requested_length,
             tests=(
-                "tests/vllm_classes/test_v1_dummy_staging.py",
+                "tests/release/classes/test_v1_dummy_staging.py",
                 "-k",
                 "short_override or profile_length_with_four",
             ),

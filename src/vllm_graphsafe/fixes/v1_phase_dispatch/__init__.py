@@ -48,7 +48,7 @@ FIX = Fix(
     # instance*, while the source fix keeps vLLM's static shape rule (upstream's
     # tests call it on the class) and checks the phase in the dispatch.
     plugin_form_only=(
-        "tests/vllm_classes/test_v1_phase_dispatch.py::"
+        "tests/release/classes/test_v1_phase_dispatch.py::"
         "test_the_rule_on_a_runner_takes_keywords_or_positions",
     ),
 )

@@ -1,0 +1,115 @@
+"""Just enough V1 ``GPUModelRunner`` state to run its real dispatch decision."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from vllm_graphsafe import vllm_layout
+
+MAX_ROWS = 64
+
+
+@dataclass
+class Row:
+    """One persistent-batch row: its prompt, what it computed, what it schedules."""
+
+    prompt: int
+    computed: int
+    scheduled: int
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.computed < self.prompt
+
+
+@dataclass
+class DispatchRecord:
+    uniform_decode: list[bool] = field(default_factory=list)
+    dp_uniform_decode: list[bool] = field(default_factory=list)
+
+
+class UntouchableBatch:
+    """An input batch that fails the test if anything reads request state."""
+
+    lora_id_to_lora_request: dict[str, Any] = {}  # noqa: RUF012
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"non-uniform batch read input_batch.{name}")
+
+
+def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamespace:
+    """Rows in order, then ``stale_rows`` left behind past ``num_reqs``."""
+    computed = np.zeros(MAX_ROWS, dtype=np.int32)
+    prompt = np.zeros(MAX_ROWS, dtype=np.int32)
+    for index, row in enumerate([*rows, *stale_rows]):
+        computed[index] = row.computed
+        prompt[index] = row.prompt
+    return SimpleNamespace(
+        num_computed_tokens_cpu=computed,
+        num_prompt_tokens=prompt,
+        num_reqs=len(rows),
+        lora_id_to_lora_request={},
+    )
+
+
+def make_runner(
+    decode_query_len: int, batch: Any, record: DispatchRecord, dp_size: int = 1
+) -> Any:
+    CUDAGraphMode = importlib.import_module(vllm_layout.CONFIG).CUDAGraphMode
+    BatchDescriptor = importlib.import_module(
+        vllm_layout.FORWARD_CONTEXT
+    ).BatchDescriptor
+    GPUModelRunner = getattr(
+        importlib.import_module(vllm_layout.V1_RUNNER), vllm_layout.V1_RUNNER_CLASS
+    )
+
+    class RecordingDispatcher:
+        def dispatch(self, num_tokens: int, uniform_decode: bool, **_: Any) -> Any:
+            record.uniform_decode.append(bool(uniform_decode))
+            mode = CUDAGraphMode.FULL if uniform_decode else CUDAGraphMode.PIECEWISE
+            return mode, BatchDescriptor(num_tokens=num_tokens)
+
+    runner = object.__new__(GPUModelRunner)
+    parallel = SimpleNamespace(
+        data_parallel_size=dp_size,
+        data_parallel_rank=0,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+    )
+    compilation = SimpleNamespace(pass_config=SimpleNamespace(enable_sp=False))
+    runner.__dict__.update(
+        uniform_decode_query_len=decode_query_len,
+        input_batch=batch,
+        cudagraph_dispatcher=RecordingDispatcher(),
+        model_config=SimpleNamespace(is_encoder_decoder=False),
+        parallel_config=parallel,
+        compilation_config=compilation,
+        vllm_config=SimpleNamespace(
+            parallel_config=parallel,
+            compilation_config=compilation,
+            observability_config=SimpleNamespace(cudagraph_metrics=False),
+        ),
+    )
+    return runner
+
+
+def run_dispatch(
+    runner: Any, scheduled: list[int], force_uniform_decode: bool | None = None
+) -> None:
+    kwargs: dict[str, Any] = {}
+    if force_uniform_decode is not None:
+        kwargs["force_uniform_decode"] = force_uniform_decode
+    runner._determine_batch_execution_and_padding(
+        num_tokens=sum(scheduled),
+        num_reqs=len(scheduled),
+        num_scheduled_tokens_np=np.array(scheduled, dtype=np.int32),
+        max_num_scheduled_tokens=max(scheduled),
+        use_cascade_attn=False,
+        **kwargs,
+    )

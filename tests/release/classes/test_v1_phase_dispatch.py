@@ -1,0 +1,445 @@
+"""The V1 runner's real dispatch decision, on phase-ambiguous batches.
+
+Each case states the batch's rows; the expected classification is derived from
+them: uniform decode iff the shape is uniform at the decode width and no row
+is still in prefill. On a vLLM without the fix (negative control:
+``VLLM_GRAPHSAFE_DISABLE=all``) every prefill case fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from vllm_graphsafe import counts, vllm_layout
+from vllm_graphsafe.vllm_fakes.v1_runner import (
+    DispatchRecord,
+    Row,
+    UntouchableBatch,
+    input_batch,
+    make_runner,
+    run_dispatch,
+)
+
+SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
+
+
+def fresh_prompt(q: int) -> list[Row]:
+    return [Row(prompt=q, computed=0, scheduled=q)]
+
+
+def equal_fresh_prompts(q: int) -> list[Row]:
+    return [Row(prompt=q, computed=0, scheduled=q) for _ in range(3)]
+
+
+def chunked_tail(q: int) -> list[Row]:
+    return [Row(prompt=512 + q, computed=512, scheduled=q)]
+
+
+def prefix_cache_hit(q: int) -> list[Row]:
+    return [Row(prompt=64 + q, computed=64, scheduled=q)]
+
+
+def decodes_plus_prefill(q: int) -> list[Row]:
+    decodes = [Row(prompt=20, computed=20 + 9 * i, scheduled=q) for i in range(3)]
+    return [*decodes, Row(prompt=q, computed=0, scheduled=q)]
+
+
+def prefill_between_decodes(q: int) -> list[Row]:
+    return [
+        Row(prompt=30, computed=41, scheduled=q),
+        Row(prompt=100 + q, computed=100, scheduled=q),
+        Row(prompt=7, computed=12, scheduled=q),
+    ]
+
+
+def all_decode(q: int) -> list[Row]:
+    return [Row(prompt=10 + i, computed=25 + 3 * i, scheduled=q) for i in range(4)]
+
+
+def just_finished_prompts(q: int) -> list[Row]:
+    return [Row(prompt=40, computed=40, scheduled=q) for _ in range(2)]
+
+
+def optimistic_async_decode(q: int) -> list[Row]:
+    return [Row(prompt=16, computed=16 + 2 * q + 5, scheduled=q) for _ in range(2)]
+
+
+PREFILL_CASES: dict[str, Callable[[int], list[Row]]] = {
+    "fresh_prompt": fresh_prompt,
+    "equal_fresh_prompts": equal_fresh_prompts,
+    "chunked_tail": chunked_tail,
+    "prefix_cache_hit": prefix_cache_hit,
+    "decodes_plus_prefill": decodes_plus_prefill,
+    "prefill_between_decodes": prefill_between_decodes,
+}
+DECODE_CASES: dict[str, Callable[[int], list[Row]]] = {
+    "all_decode": all_decode,
+    "just_finished_prompts": just_finished_prompts,
+    "optimistic_async_decode": optimistic_async_decode,
+}
+CASES = {**PREFILL_CASES, **DECODE_CASES}
+PATCH_ID = "v1-phase-dispatch"
+
+
+def case_params(names: list[str]) -> list[object]:
+    """Prefill cases are regressions of the fix; decode cases guard FULL graphs."""
+    return [
+        pytest.param(name, marks=pytest.mark.regression(PATCH_ID))
+        if name in PREFILL_CASES
+        else name
+        for name in names
+    ]
+
+
+def expected_uniform_decode(rows: list[Row], decode_query_len: int) -> bool:
+    same_width = all(row.scheduled == decode_query_len for row in rows)
+    return same_width and not any(row.in_prefill for row in rows)
+
+
+@pytest.mark.parametrize("case", case_params(sorted(CASES)))
+@pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
+def test_real_step_classification(case: str, spec_tokens: int) -> None:
+    q = spec_tokens + 1
+    rows = CASES[case](q)
+    record = DispatchRecord()
+    runner = make_runner(q, input_batch(rows), record)
+
+    counts.STATS.reset()
+    run_dispatch(runner, [row.scheduled for row in rows])
+
+    expected = expected_uniform_decode(rows, q)
+    assert record.uniform_decode == [expected]
+    if patch_is_applied():
+        assert counts.STATS.snapshot().get(PATCH_ID) == {expected_event(rows, q): 1}
+
+
+def patch_is_applied() -> bool:
+    from vllm_graphsafe.plugin import registry
+    from vllm_graphsafe.registry import PatchState
+
+    return registry().get(PATCH_ID).state is PatchState.APPLIED
+
+
+def expected_event(rows: list[Row], decode_query_len: int) -> str:
+    """The decision counter a step must move: derived from its rows."""
+    if not all(row.scheduled == decode_query_len for row in rows):
+        return counts.NON_UNIFORM
+    if any(row.in_prefill for row in rows):
+        return counts.KEPT_OFF_DECODE
+    return counts.UNIFORM_DECODE
+
+
+@pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
+def test_stale_rows_past_the_batch_are_ignored(spec_tokens: int) -> None:
+    q = spec_tokens + 1
+    rows = all_decode(q)
+    stale = [Row(prompt=300, computed=0, scheduled=0)]
+    record = DispatchRecord()
+    runner = make_runner(q, input_batch(rows, stale_rows=stale), record)
+
+    run_dispatch(runner, [row.scheduled for row in rows])
+
+    assert record.uniform_decode == [True]
+
+
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_consecutive_steps_read_the_batch_as_it_is_now(spec_tokens: int) -> None:
+    """One runner, same batch size each step: rows change in place, then the batch."""
+    q = spec_tokens + 1
+    rows = all_decode(q)
+    batch = input_batch(rows)
+    record = DispatchRecord()
+    runner = make_runner(q, batch, record)
+    expected = []
+
+    def step() -> None:
+        run_dispatch(runner, [row.scheduled for row in rows])
+        expected.append(expected_uniform_decode(rows, q))
+
+    step()
+    # A finished request's row is reused, in place, by a fresh prompt.
+    rows[2] = Row(prompt=q, computed=0, scheduled=q)
+    batch.num_computed_tokens_cpu[2], batch.num_prompt_tokens[2] = 0, q
+    step()
+    # Its prompt computed: the same arrays describe a decode batch again.
+    rows[2] = Row(prompt=q, computed=q, scheduled=q)
+    batch.num_computed_tokens_cpu[2] = q
+    step()
+    # The runner gets a new input batch (new arrays) with a prompt in row 0.
+    rows[0] = Row(prompt=64 + q, computed=64, scheduled=q)
+    runner.input_batch = input_batch(rows)
+    step()
+
+    assert expected == [True, False, True, False]
+    assert record.uniform_decode == expected
+
+
+@pytest.mark.parametrize("forced", [True, False])
+@pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
+def test_dummy_and_capture_runs_keep_their_classification(
+    spec_tokens: int, forced: bool
+) -> None:
+    q = spec_tokens + 1
+    rows = equal_fresh_prompts(q)
+    record = DispatchRecord()
+    runner = make_runner(q, input_batch(rows), record)
+
+    run_dispatch(runner, [row.scheduled for row in rows], force_uniform_decode=forced)
+
+    assert record.uniform_decode == [forced]
+
+
+@pytest.mark.parametrize(
+    "scheduled_for", [lambda q: [q, q + 1], lambda q: [q + 3], lambda q: [q, 2 * q + 1]]
+)
+@pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
+def test_non_uniform_shapes_skip_the_request_scan(
+    spec_tokens: int, scheduled_for: Callable[[int], list[int]]
+) -> None:
+    q = spec_tokens + 1
+    record = DispatchRecord()
+    runner = make_runner(q, UntouchableBatch(), record)
+
+    run_dispatch(runner, scheduled_for(q))
+
+    assert record.uniform_decode == [False]
+
+
+@pytest.mark.parametrize(
+    "case", case_params(["fresh_prompt", "decodes_plus_prefill", "all_decode"])
+)
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_dp_sync_receives_the_phase_aware_classification(
+    case: str, spec_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner_module = vllm_layout.load(vllm_layout.V1_RUNNER)
+
+    q = spec_tokens + 1
+    rows = CASES[case](q)
+    record = DispatchRecord()
+
+    def coordinate_batch_across_dp(**kwargs: Any) -> tuple[bool, None, int]:
+        record.dp_uniform_decode.append(bool(kwargs["uniform_decode"]))
+        return False, None, int(kwargs["cudagraph_mode"])
+
+    monkeypatch.setattr(
+        runner_module, "coordinate_batch_across_dp", coordinate_batch_across_dp
+    )
+    runner = make_runner(q, input_batch(rows), record, dp_size=2)
+
+    run_dispatch(runner, [row.scheduled for row in rows])
+
+    assert record.dp_uniform_decode == [expected_uniform_decode(rows, q)]
+
+
+def release_classifies_early_in_the_worker() -> bool:
+    """0.20-0.31: pipeline + sequence parallel classify from the worker, early."""
+    from vllm_graphsafe.registry import SourceReader
+
+    return SourceReader().calls(
+        vllm_layout.V1_WORKER,
+        "Worker.execute_model",
+        "_determine_batch_execution_and_padding",
+    )
+
+
+def parallel_runner(rows: list[Row], record: DispatchRecord, pp: int, sp: bool) -> Any:
+    runner = make_runner(4, input_batch(rows), record)
+    runner.parallel_config.pipeline_parallel_size = pp
+    runner.compilation_config.pass_config.enable_sp = sp
+    return runner
+
+
+def test_pipeline_plus_sequence_parallel_never_decides_from_stale_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    record = DispatchRecord()
+    runner = parallel_runner(fresh_prompt(4), record, pp=2, sp=True)
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        run_dispatch(runner, [4])
+
+    if release_classifies_early_in_the_worker():
+        # Refused with one clear warning: vLLM's own rule, as unpatched.
+        assert record.uniform_decode == [True, True]
+        refusals = [r for r in caplog.records if "inactive" in r.getMessage()]
+        assert len(refusals) == 1
+        assert "sequence parallelism" in refusals[0].getMessage()
+    else:
+        assert record.uniform_decode == [False, False]
+
+
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize(
+    ("pipeline_parallel_size", "sequence_parallel"),
+    [(2, False), (1, True), (4, False)],
+    ids=["pipeline-only", "sequence-parallel-only", "pipeline-4-only"],
+)
+def test_pipeline_only_or_sequence_parallel_only_keeps_the_fix(
+    pipeline_parallel_size: int,
+    sequence_parallel: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only the two together make a worker classify early; either alone does not."""
+    record = DispatchRecord()
+    rows = fresh_prompt(4)
+    runner = parallel_runner(
+        rows, record, pp=pipeline_parallel_size, sp=sequence_parallel
+    )
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        rows[0] = Row(prompt=4, computed=4, scheduled=4)
+        runner.input_batch.num_computed_tokens_cpu[0] = 4
+        run_dispatch(runner, [4])
+
+    assert record.uniform_decode == [False, True]
+    assert not [r for r in caplog.records if "inactive" in r.getMessage()]
+
+
+# -- calling convention ------------------------------------------------------------
+
+SHAPE_CASES = [
+    # (max_num_scheduled_tokens, uniform_decode_query_len, num_tokens, num_reqs,
+    #  force_uniform_decode) -> vLLM's shape answer, in closed form
+    ((4, 4, 12, 3, None), True),
+    ((4, 4, 11, 3, None), False),
+    ((5, 4, 10, 2, None), False),
+    ((1, 1, 7, 7, None), True),
+    ((4, 4, 11, 3, True), True),
+    ((4, 4, 12, 3, False), False),
+]
+
+
+@pytest.mark.parametrize(("arguments", "shape_answer"), SHAPE_CASES)
+def test_the_shape_rule_answers_on_the_class_without_a_runner(
+    arguments: tuple[Any, ...], shape_answer: bool
+) -> None:
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
+
+    names = (
+        "max_num_scheduled_tokens",
+        "uniform_decode_query_len",
+        "num_tokens",
+        "num_reqs",
+        "force_uniform_decode",
+    )
+    assert GPUModelRunner._is_uniform_decode(*arguments) is shape_answer
+    keywords = dict(zip(names, arguments, strict=True))
+    assert GPUModelRunner._is_uniform_decode(**keywords) is shape_answer
+    if arguments[-1] is None:
+        assert GPUModelRunner._is_uniform_decode(*arguments[:-1]) is shape_answer
+
+
+@pytest.mark.regression(PATCH_ID)
+def test_the_rule_on_a_runner_takes_keywords_or_positions() -> None:
+    rows = fresh_prompt(4) * 3
+    runner = make_runner(4, input_batch(rows), DispatchRecord())
+
+    assert runner._is_uniform_decode(4, 4, 12, 3) is False
+    assert runner._is_uniform_decode(4, 4, 12, 3, None) is False
+    assert (
+        runner._is_uniform_decode(
+            max_num_scheduled_tokens=4,
+            uniform_decode_query_len=4,
+            num_tokens=12,
+            num_reqs=3,
+        )
+        is False
+    )
+    assert runner._is_uniform_decode(4, 4, 12, 3, force_uniform_decode=True) is True
+
+
+# -- failing open: each thing the rule reads, made unreadable ---------------------
+
+
+@pytest.fixture
+def applied_patch() -> Any:
+    """The session's patch, applied; re-applied after a test made it fail."""
+    from vllm_graphsafe.plugin import registry
+    from vllm_graphsafe.registry import PatchState
+
+    patch = registry().get(PATCH_ID)
+    if patch.state is not PatchState.APPLIED:
+        pytest.skip(f"{PATCH_ID} is {patch.state} here (plugin switched off)")
+    yield patch
+    patch._failed_at_run_time = False
+    registry().apply_all()
+    assert patch.state is PatchState.APPLIED
+
+
+class WithoutAttribute:
+    """``owner`` with ``name`` unreadable, as a release that renamed it."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute == self._name:
+            raise AttributeError(f"{type(self).__name__} has no {attribute!r}")
+        return getattr(self._owner, attribute)
+
+
+def drop_batch_column(runner: Any, name: str) -> None:
+    runner.input_batch = WithoutAttribute(runner.input_batch, name)
+
+
+def drop_config(runner: Any, name: str) -> None:
+    del runner.parallel_config.pipeline_parallel_size
+
+
+# The runner's ``input_batch`` itself is read by vLLM's own dispatch too.
+READS = {
+    "num_computed_tokens_cpu": drop_batch_column,
+    "num_prompt_tokens": drop_batch_column,
+}
+# ``pass_config.enable_sp`` is read by vLLM's own dispatch under pipeline parallel.
+EARLY_READS = {"pipeline_parallel_size": drop_config}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *READS,
+        *[
+            pytest.param(
+                name,
+                marks=pytest.mark.skipif(
+                    not release_classifies_early_in_the_worker(),
+                    reason="this release's worker never classifies early: "
+                    "the rule reads no parallel config",
+                ),
+            )
+            for name in EARLY_READS
+        ],
+    ],
+)
+def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
+    name: str, applied_patch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vllm_graphsafe.registry import PatchState
+
+    record = DispatchRecord()
+    rows = fresh_prompt(4)
+    runner = make_runner(4, input_batch(rows), record)
+    {**READS, **EARLY_READS}[name](runner, name)
+
+    with caplog.at_level("WARNING", logger="vllm.graphsafe"):
+        run_dispatch(runner, [4])
+        run_dispatch(runner, [4])
+
+    # vLLM's own shape answer, both times: the second step no longer asks.
+    assert record.uniform_decode == [True, True]
+    assert applied_patch.state is PatchState.FAILED
+    assert name in applied_patch.reason
+    warnings = [r.getMessage() for r in caplog.records if r.name == "vllm.graphsafe"]
+    assert len(warnings) == 1 and PATCH_ID in warnings[0] and name in warnings[0]
+    GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
+
+    assert isinstance(vars(GPUModelRunner)["_is_uniform_decode"], staticmethod)
+    assert "_is_uniform_decode" not in runner.__dict__

@@ -1,0 +1,189 @@
+"""scripts/run_suite.py fails the suite whenever a stage says nothing good.
+
+Each test runs the real script against a fake venv whose python
+(``fake_python.py``) plays one scenario: only ``good`` may pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+FAKE_PYTHON = Path(__file__).with_name("fake_python.py")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "fake-venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f"#!{sys.executable}\n" + FAKE_PYTHON.read_text())
+    python.chmod(0o755)
+    return venv
+
+
+def run_suite(tmp_path: Path, scenario: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_suite.py"),
+            "--no-engine",
+            str(fake_venv(tmp_path)),
+        ],
+        env={**os.environ, "FAKE_SCENARIO": scenario},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def failures(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("FAILED: ")]
+
+
+def test_a_healthy_release_passes(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "good")
+
+    assert result.returncode == EXIT_OK, result.stdout
+    assert failures(result.stdout) == []
+    assert "all 3 regression tests fail on an assertion" in result.stdout
+
+
+def test_a_crashed_pytest_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "crash")
+
+    assert result.returncode == EXIT_FAILED
+    assert "FAILED: fake-venv logic: pytest was killed by SIGABRT" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_pytest_that_leaves_no_report_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "no-junit")
+
+    assert result.returncode == EXIT_FAILED
+    assert (
+        "FAILED: fake-venv classes: pytest exited 1 and left no junit report"
+        in result.stdout
+    )
+    assert "0 passed" in result.stdout
+
+
+def test_a_pytest_that_collects_nothing_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "no-tests")
+
+    assert result.returncode == EXIT_FAILED
+    assert (
+        "FAILED: fake-venv classes: pytest collected no tests (exit 5)" in result.stdout
+    )
+
+
+def test_a_doctor_reporting_a_failed_patch_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "doctor-failed")
+
+    assert result.returncode == EXIT_FAILED
+    assert failures(result.stdout) == [
+        "FAILED: fake-venv doctor: v1-phase-dispatch reported failed"
+    ]
+
+
+def test_a_negative_control_that_errors_is_no_evidence(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "negative-errors")
+
+    assert result.returncode == EXIT_FAILED
+    assert failures(result.stdout) == [
+        "FAILED: fake-venv negative control v1-phase-dispatch: 3 of 3 regression "
+        "tests errored instead of failing on an assertion"
+    ]
+
+
+def test_a_venv_without_python_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_suite.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.strip() == (
+        f"run_suite.py: no python in {tmp_path}; pass the root of each vLLM "
+        "release's virtual environment."
+    )
+
+
+@pytest.mark.parametrize("scenario", ["crash", "no-junit", "no-tests"])
+def test_every_broken_run_is_named_once_per_stage(
+    tmp_path: Path, scenario: str
+) -> None:
+    result = run_suite(tmp_path, scenario)
+
+    stages = [line.split(":")[1].strip() for line in failures(result.stdout)]
+    assert stages[:2] == ["fake-venv logic", "fake-venv classes"]
+
+
+def test_a_failed_backport_check_fails_the_suite(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "backport-failed")
+
+    assert result.returncode == EXIT_FAILED
+    assert failures(result.stdout) == [
+        "FAILED: fake-venv backport: verify_backport.py exited 1"
+    ]
+
+
+def test_two_streams_add_up_and_keep_each_failure(tmp_path: Path) -> None:
+    good = fake_venv(tmp_path / "good")
+    second = fake_venv(tmp_path / "second")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_suite.py"),
+            "--no-engine",
+            "--jobs=2",
+            str(good),
+            str(second),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_SCENARIO": "good"},
+        check=False,
+    )
+
+    assert result.returncode == EXIT_OK, result.stdout
+    # logic (first venv of the second stream) + classes twice, 3 tests each.
+    assert "total: 9 passed, 0 failed, 0 skipped" in result.stdout
+    assert result.stdout.count("##### fake-venv #####") == 2
+    assert result.stdout.count("\ntotal: ") == 1
+
+
+def test_every_test_file_runs_in_exactly_one_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stages' paths cover each test file once; the written-tests check
+    alone is left to verify_backport.py, which runs it per release."""
+    spec = importlib.util.spec_from_file_location(
+        "run_suite", ROOT / "scripts" / "run_suite.py"
+    )
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_suite", suite)  # its dataclasses look it up
+    spec.loader.exec_module(suite)
+    stages = [*suite.independent_tests(), suite.CLASS_TESTS, suite.ENGINE_TESTS]
+    files = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").rglob("test_*.py")
+    )
+    runs = {
+        file: [stage for stage in stages if file.startswith(f"{stage}/")]
+        for file in files
+    }
+    left_to_verify_backport = {"tests/release/backport/test_backport_written_tests.py"}
+    assert set(suite.NOT_INDEPENDENT) == left_to_verify_backport
+    assert {file for file, where in runs.items() if len(where) != 1} == set()
+    assert all(file.split("/")[1] in {"unit", "release", "engine"} for file in files)
