@@ -35,11 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts import (
-    KEPT_OFF_DECODE,
-    UNIFORM_DECODE,
     read_process_files,
     read_stats_dir,
 )
+from vllm_graphsafe.fixes.phase_events import KEPT_OFF_DECODE, UNIFORM_DECODE
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine.cpu_config import server_command
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from vllm_graphsafe import counts, vllm_layout
+from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.vllm_fakes.v1_runner import (
     DispatchRecord,
     Row,
@@ -126,10 +127,10 @@ def patch_is_applied() -> bool:
 def expected_event(rows: list[Row], decode_query_len: int) -> str:
     """The decision counter a step must move: derived from its rows."""
     if not all(row.scheduled == decode_query_len for row in rows):
-        return counts.NON_UNIFORM
+        return phase_events.NON_UNIFORM
     if any(row.in_prefill for row in rows):
-        return counts.KEPT_OFF_DECODE
-    return counts.UNIFORM_DECODE
+        return phase_events.KEPT_OFF_DECODE
+    return phase_events.UNIFORM_DECODE
 
 
 @pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
