@@ -207,7 +207,7 @@ def test_the_backport_plans_it_and_names_its_commit() -> None:
 
 
 def test_metrics_name_its_decision_events() -> None:
-    from vllm_graphsafe.metrics import decisions_help
+    from vllm_graphsafe.counts.metrics import decisions_help
 
     assert "dummy_fix_decision" in fixes.decision_events()
     assert "dummy_fix_decision" in decisions_help()

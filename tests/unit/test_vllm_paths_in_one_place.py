@@ -25,12 +25,12 @@ NOT_MODULE_PATHS = re.compile(r"vllm\.graphsafe(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: Files whose vLLM paths are data, not references to vLLM's code.
 DATA_FILES = {
     # Synthetic vLLM source trees, written as text for the registry to read.
-    "tests/registry/test_recognition.py": "builds synthetic vLLM source trees",
-    "tests/registry/test_registry.py": "builds synthetic vLLM source trees",
+    "tests/unit/registry/test_recognition.py": "builds synthetic vLLM source trees",
+    "tests/unit/registry/test_registry.py": "builds synthetic vLLM source trees",
     # Source text with made-up ``vllm.`` imports for the import rewriter.
-    "tests/backport/test_backport_source.py": "rewrites made-up vLLM imports",
+    "tests/unit/backport/test_backport_source.py": "rewrites made-up vLLM imports",
     # The guard that no vLLM module was imported compares names with "vllm.".
-    "tests/registry/test_package_without_vllm.py": "matches any vLLM module name",
+    "tests/unit/registry/test_package_without_vllm.py": "matches any vLLM module name",
     "tests/unit/test_vllm_paths_in_one_place.py": "this check",
 }
 
