@@ -119,30 +119,10 @@ def verified_releases(patch_id: str) -> tuple[str, ...]:
     )
 
 
-#: The minor releases whose code was surveyed for each fix (``Fix.native_from``).
-SURVEYED = ((0, 20), (0, 33))
-
-
 def minor_of(version: str) -> tuple[int, int]:
     """``(0, 31)`` for ``"0.31.1rc1"``."""
     major, minor = version.split(".")[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def surveyed_states(version: str) -> dict[str, str] | None:
-    """The state each fix reaches on ``version`` by the survey, or None outside
-    it: ``native`` from the release a fix's code landed in, else ``applied``."""
-    from vllm_graphsafe.fixes import all_fixes
-
-    minor = minor_of(version)
-    if not SURVEYED[0] <= minor <= SURVEYED[1]:
-        return None
-    return {
-        fix.id: "native"
-        if fix.native_from is not None and minor >= fix.native_from
-        else "applied"
-        for fix in all_fixes()
-    }
 
 
 _COMMANDS = {

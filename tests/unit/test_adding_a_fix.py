@@ -146,7 +146,8 @@ def test_the_catalogue_and_readme_tables_show_it() -> None:
 
 
 def test_the_release_table_has_no_row_for_it_and_the_survey_does() -> None:
-    from vllm_graphsafe.releases import surveyed_states, verified_releases
+    from vllm_graphsafe.fixes import surveyed_states
+    from vllm_graphsafe.releases import verified_releases
 
     assert verified_releases(DUMMY_ID) == ()
     assert surveyed_states("0.28.0") == {

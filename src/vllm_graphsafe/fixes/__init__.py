@@ -77,3 +77,23 @@ def dispatch_fixes() -> dict[str, str]:
 def decision_events() -> list[str]:
     """Every decision event a fix counts, each once, in the fixes' order."""
     return list(dict.fromkeys(event for fix in all_fixes() for event in fix.events))
+
+
+#: The minor releases whose code was surveyed for each fix (``Fix.native_from``).
+SURVEYED = ((0, 20), (0, 33))
+
+
+def surveyed_states(version: str) -> dict[str, str] | None:
+    """The state each fix reaches on ``version`` by the survey, or None outside
+    it: ``native`` from the release a fix's code landed in, else ``applied``."""
+    from vllm_graphsafe.releases import minor_of
+
+    minor = minor_of(version)
+    if not SURVEYED[0] <= minor <= SURVEYED[1]:
+        return None
+    return {
+        fix.id: "native"
+        if fix.native_from is not None and minor >= fix.native_from
+        else "applied"
+        for fix in all_fixes()
+    }
