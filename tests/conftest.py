@@ -20,8 +20,10 @@ regression test, so there it fails the run instead.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from itertools import product
@@ -34,9 +36,11 @@ from vllm_graphsafe.fixes import all_fixes
 
 pytest_plugins = ("tests.backport_trees",)
 
-os.environ.setdefault(
-    "VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
-)
+if "VLLM_CACHE_ROOT" not in os.environ:
+    # A run of its own leaves nothing behind in the system temporary directory.
+    _cache_root = tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
+    atexit.register(shutil.rmtree, _cache_root, True)
+    os.environ["VLLM_CACHE_ROOT"] = _cache_root
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
