@@ -10,13 +10,12 @@ prefix with another; K = 3 ngram tokens, block size B and chunk budget C
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +36,12 @@ DECODE_PROMPT_TOKENS = 20
 DECODE_TOKENS = MAX_MODEL_LEN - DECODE_PROMPT_TOKENS
 #: Whether the inserted prompts shared a step with the decode is read from the
 #: server's step log; an attempt where they did not is run again, this often.
-DECODE_ATTEMPTS = 3
-#: Tokens of the long decode seen before the dangerous prompts are inserted.
-DECODE_HEAD_TOKENS = 24
+DECODE_ATTEMPTS = 5
+#: Steps that scheduled the long decode, by the server's step log, before the
+#: dangerous prompts are inserted.
+DECODE_HEAD_STEPS = 6
+#: How often the step log is read while waiting for the decode to start.
+STEP_LOG_POLL_S = 0.01
 FIRST_ORDINARY_ID = 10
 REQUEST_TIMEOUT_S = 120.0
 
@@ -52,7 +54,7 @@ def prompt(length: int, seed: int) -> list[int]:
 
 
 @dataclass
-class Streamed:
+class Finished:
     tokens: list[int]
     finish_reason: str | None
 
@@ -83,30 +85,18 @@ class Client:
         response.raise_for_status()
         return list(response.json()["choices"][0]["token_ids"])
 
-    def complete_streaming(
-        self,
-        ids: Sequence[int],
-        max_tokens: int,
-        on_tokens: Callable[[int], None],
-        request_id: str | None = None,
-    ) -> Streamed:
-        """Stream the answer; ``on_tokens(count so far)`` after each chunk."""
-        body = {**self._body(ids, max_tokens), "stream": True}
-        streamed = Streamed([], None)
-        with self.http.stream(
-            "POST", "/v1/completions", json=body, headers=_id_header(request_id)
-        ) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for choice in json.loads(line[len("data: ") :])["choices"]:
-                    streamed.tokens += choice.get("token_ids") or []
-                    streamed.finish_reason = (
-                        choice.get("finish_reason") or streamed.finish_reason
-                    )
-                on_tokens(len(streamed.tokens))
-        return streamed
+    def complete_finished(
+        self, ids: Sequence[int], max_tokens: int, request_id: str | None = None
+    ) -> Finished:
+        """The answer and why it ended, in one response (nothing streamed)."""
+        response = self.http.post(
+            "/v1/completions",
+            json=self._body(ids, max_tokens),
+            headers=_id_header(request_id),
+        )
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        return Finished(list(choice["token_ids"]), choice.get("finish_reason"))
 
     def together(
         self,
@@ -225,34 +215,30 @@ def _decode_with_inserts(
 ) -> tuple[Answers, dict[str, bool], str | None]:
     """Every slot's answer; per insert, whether a step that computed its
     prompt also scheduled the decode (from the server's step log); and why
-    the decode ended."""
-    head_seen = threading.Event()
+    the decode ended.
 
-    def on_tokens(count: int) -> None:
-        if count >= DECODE_HEAD_TOKENS:
-            head_seen.set()
-
+    The decode is not streamed and the inserts are sent once the step log
+    shows the engine decoding: on a loaded host a streamed decode reaches
+    the client late, so a client that waits for streamed tokens can send
+    its inserts after the engine has finished the decode.
+    """
     tag = uuid.uuid4().hex
     names = {slot: f"graphsafe-{slot}-{tag}" for slot in ("decode", *inserts)}
     with ThreadPoolExecutor(1) as pool:
         decode = pool.submit(
-            client.complete_streaming,
+            client.complete_finished,
             prompt(DECODE_PROMPT_TOKENS, 702),
             DECODE_TOKENS,
-            on_tokens,
             names["decode"],
         )
-        if not head_seen.wait(REQUEST_TIMEOUT_S):
-            decode.result()  # raises what went wrong
+        _wait_until_decoding(step_log, names["decode"], decode)
         slots = list(inserts)
         answered = client.together(
             [inserts[slot] for slot in slots], [names[slot] for slot in slots]
         )
-        streamed = decode.result()
+        finished = decode.result()
     answers: Answers = dict(zip(slots, answered, strict=True))
-    answers["decode"] = streamed.tokens
-    if not any(step_log.glob("*.jsonl")):
-        raise AssertionError(f"the server logged no step in {step_log}")
+    answers["decode"] = finished.tokens
     overlap = dict.fromkeys(slots, False)
     for step in read_steps(step_log):
         if not any(names["decode"] in req_id for req_id in step["scheduled"]):
@@ -260,7 +246,29 @@ def _decode_with_inserts(
         for slot in slots:
             if any(names[slot] in req_id for req_id in step["in_prompt"]):
                 overlap[slot] = True
-    return answers, overlap, streamed.finish_reason
+    return answers, overlap, finished.finish_reason
+
+
+def _wait_until_decoding(step_log: Path, name: str, decode: Future[Finished]) -> None:
+    """Return once :data:`DECODE_HEAD_STEPS` logged steps scheduled ``name``."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if decode.done():
+            decode.result()  # raises what went wrong
+            return  # it ended before the inserts: the caller's overlap says so
+        steps = 0
+        if any(step_log.glob("*.jsonl")):
+            steps = sum(
+                any(name in req_id for req_id in step["scheduled"])
+                for step in read_steps(step_log)
+            )
+        if steps >= DECODE_HEAD_STEPS:
+            return
+        time.sleep(STEP_LOG_POLL_S)
+    raise AssertionError(
+        f"the server logged no {DECODE_HEAD_STEPS} steps of the decode in "
+        f"{REQUEST_TIMEOUT_S:.0f} s ({step_log})"
+    )
 
 
 CASES: tuple[Case, ...] = (
