@@ -64,6 +64,12 @@ def time_register() -> dict[str, Any]:
         plugin.register()
         elapsed = time.perf_counter() - started
     new_modules = set(sys.modules) - modules_before
+    readers = {
+        id(patch._source_reader): patch._source_reader
+        for patch in plugin.registry().patches
+        if patch._source_reader is not None
+    }
+    parsed = sorted({m for r in readers.values() for m in r._trees})
     source = str(plugin.__file__)
     bytecode = Path(importlib.util.cache_from_source(source)).exists()
     return {
@@ -71,6 +77,11 @@ def time_register() -> dict[str, Any]:
         "package": str(Path(source).parent),
         "register_ms": elapsed * 1e3,
         "collector_ms": sum(pauses) * 1e3,
+        "collector_passes": len(pauses),
+        # Judged: no verdict was kept for this vLLM yet (the first process after
+        # an install or upgrade); kept: every verdict came from the cache.
+        "verdicts": "judged" if parsed else "kept",
+        "modules_parsed": parsed,
         "modules_imported": len(new_modules),
         "vllm_modules_imported": sorted(
             name for name in new_modules if name.split(".")[0] == "vllm"
