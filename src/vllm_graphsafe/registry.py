@@ -39,7 +39,7 @@ from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.verdicts import Verdict, judged, verdict_cache
 
-__all__ = ["SourceReader"]  # where every caller has found it
+__all__ = ["SourceReader", "judged", "verdict_cache"]  # found here by callers
 
 logger = logging.getLogger("vllm.graphsafe")
 

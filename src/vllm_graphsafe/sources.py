@@ -130,6 +130,15 @@ class SourceReader:
 
         return self._answer(module, question("calls", module, caller, callee), work)
 
+    def module_calls(self, module: str, callee: str) -> bool:
+        """Whether any code of ``module`` calls ``callee`` by name."""
+
+        def work() -> bool:
+            tree = self.tree(module)
+            return tree is not None and recognition.calls_name(tree, callee)
+
+        return self._answer(module, question("module_calls", module, callee), work)
+
 
 @dataclass
 class Reading:

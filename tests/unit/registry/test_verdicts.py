@@ -196,3 +196,17 @@ def test_the_default_place_follows_xdg_cache_home(tmp_path: Path) -> None:
     assert cache_directory(None, {"XDG_CACHE_HOME": "relative"}) == (
         Path.home() / ".cache" / "vllm-graphsafe"
     )
+
+
+def test_yes_no_answers_are_kept_for_the_hooks_that_bind_later(
+    release: Path, cache: Path, parses: list[int]
+) -> None:
+    """The process that imports the runner asks the hooks' questions again."""
+    write_runner(release, SHAPE)
+    states(cache)
+    reader = registry.SourceReader()
+    for patch in all_patches():
+        registry.judged(patch, reader, registry.verdict_cache(str(cache), reader))
+    parses.clear()
+    assert reader.defines(vllm_layout.V1_RUNNER, "GPUModelRunner._is_uniform_decode")
+    assert parses == [], "a kept answer was worked out again"
