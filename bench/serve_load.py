@@ -26,6 +26,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 
 NUM_SPECULATIVE_TOKENS = 3
@@ -206,14 +207,10 @@ def serve_arguments(
 
 def run_turn(arguments: list[str]) -> dict[str, float]:
     """One run of vLLM's serving benchmark; the figures this project reports."""
-    from vllm.benchmarks import serve
-
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # releases before the argparse helpers moved
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef,unused-ignore]
-
-    parser = FlexibleArgumentParser()
+    serve = vllm_layout.load(vllm_layout.SERVING_BENCHMARK)
+    parser = vllm_layout.load_name(
+        vllm_layout.ARGPARSE_UTILS, "FlexibleArgumentParser"
+    )()
     serve.add_cli_args(parser)
     result: dict[str, Any] = serve.main(parser.parse_args(arguments))
     picked = {
