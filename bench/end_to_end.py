@@ -34,7 +34,7 @@ from vllm_graphsafe.local_engine.launcher import (
     start_server,
 )
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
-from vllm_graphsafe.settings import DISABLE_ENV, STATS_DIR_ENV
+from vllm_graphsafe.settings import CACHE_DIR_ENV, DISABLE_ENV, STATS_DIR_ENV
 
 NUM_SPECULATIVE_TOKENS = 3
 #: Prompt lengths in tokens: many of 4 tokens (1 + K: a decode's shape), a few
@@ -150,7 +150,11 @@ def started_server(
 ) -> Any:
     stats_dir = workdir / f"stats-{label}"
     stats_dir.mkdir(parents=True, exist_ok=True)
-    overrides = {"VLLM_CACHE_ROOT": str(cache_root), STATS_DIR_ENV: str(stats_dir)}
+    overrides = {
+        "VLLM_CACHE_ROOT": str(cache_root),
+        STATS_DIR_ENV: str(stats_dir),
+        CACHE_DIR_ENV: str(workdir / "verdicts"),
+    }
     if not plugin:
         overrides[DISABLE_ENV] = "all"
     started = start_server(

@@ -9,6 +9,7 @@ loaded) is loaded before :func:`time_register` times the plugin's import.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import sys
@@ -36,19 +37,51 @@ def import_vllm(context: str) -> float:
     return time.perf_counter() - started
 
 
+@contextmanager
+def collector_pauses() -> Iterator[list[float]]:
+    """Seconds of each garbage-collector pass inside the block."""
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
 def time_register() -> dict[str, Any]:
     modules_before = set(sys.modules)
-    started = time.perf_counter()
-    plugin = importlib.import_module("vllm_graphsafe.plugin")
-    plugin.register()
-    elapsed = time.perf_counter() - started
+    with collector_pauses() as pauses:
+        started = time.perf_counter()
+        plugin = importlib.import_module("vllm_graphsafe.plugin")
+        plugin.register()
+        elapsed = time.perf_counter() - started
     new_modules = set(sys.modules) - modules_before
+    readers = {
+        id(patch._source_reader): patch._source_reader
+        for patch in plugin.registry().patches
+        if patch._source_reader is not None
+    }
+    parsed = sorted({m for r in readers.values() for m in r._trees})
     source = str(plugin.__file__)
     bytecode = Path(importlib.util.cache_from_source(source)).exists()
     return {
         "bytecode": "cached" if bytecode else "source",
         "package": str(Path(source).parent),
         "register_ms": elapsed * 1e3,
+        "collector_ms": sum(pauses) * 1e3,
+        "collector_passes": len(pauses),
+        # Judged: no verdict was kept for this vLLM yet (the first process after
+        # an install or upgrade); kept: every verdict came from the cache.
+        "verdicts": "judged" if parsed else "kept",
+        "modules_parsed": parsed,
         "modules_imported": len(new_modules),
         "vllm_modules_imported": sorted(
             name for name in new_modules if name.split(".")[0] == "vllm"

@@ -41,6 +41,11 @@ if "VLLM_CACHE_ROOT" not in os.environ:
     _cache_root = tempfile.mkdtemp(prefix="graphsafe-vllm-cache-")
     atexit.register(shutil.rmtree, _cache_root, True)
     os.environ["VLLM_CACHE_ROOT"] = _cache_root
+if "GRAPHSAFE_CACHE_DIR" not in os.environ:
+    # The fixes' verdicts on vLLM are kept here, not in the user's cache directory.
+    _verdicts = tempfile.mkdtemp(prefix="graphsafe-verdicts-")
+    atexit.register(shutil.rmtree, _verdicts, True)
+    os.environ["GRAPHSAFE_CACHE_DIR"] = _verdicts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -9,16 +9,25 @@ implements it (the shape each patch's ``native_reason`` looks for).
 from __future__ import annotations
 
 import ast
+import gc
 from collections.abc import Iterable, Iterator
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def parse(text: str) -> ast.Module | None:
+    # The tree's nodes are fresh objects that hold no cycle: with the collector
+    # on, parsing the model runner in a process that holds vLLM and torch can
+    # trigger full collections over every object there (up to a second).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return ast.parse(text)
     except (SyntaxError, ValueError):
         return None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:

@@ -22,16 +22,13 @@ answer. Strict mode re-raises instead.
 
 from __future__ import annotations
 
-import ast
 import enum
 import functools
-import importlib.util
 import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -39,6 +36,10 @@ import wrapt
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import Verdict, judged, verdict_cache
+
+__all__ = ["SourceReader", "judged", "verdict_cache"]  # found here by callers
 
 logger = logging.getLogger("vllm.graphsafe")
 
@@ -207,6 +208,8 @@ class Patch:
     _wrapped: list[tuple[Any, str, Any, Any]] = field(default_factory=list, init=False)
     _armed: set[str] = field(default_factory=set, init=False)
     _source_reader: SourceReader | None = field(default=None, init=False)
+    #: The hooked modules of the last verdict (None: ask the hook points).
+    _judged_modules: tuple[str, ...] | None = field(default=None, init=False)
     _settings: Settings | None = field(default=None, init=False)
     _failed_at_run_time: bool = field(default=False, init=False)
 
@@ -251,31 +254,47 @@ class Patch:
         return settings.strict
 
     def hook_modules(self) -> list[str]:
+        if self._judged_modules is not None:
+            return list(self._judged_modules)
         return sorted({hook.module for hook in self.hook_points()})
 
-    def decide(self, settings: Settings, sources: SourceReader) -> None:
-        """Settle the state from settings and source code, hooking nothing."""
+    def judge(self, sources: SourceReader) -> Verdict:
+        """What vLLM's source alone decides about this patch (no settings)."""
+        self._source_reader = sources
+        self._judged_modules = None
+        if not sources.exists(self.anchor_module):
+            return Verdict(anchor_exists=False)
+        native = self.native_reason(sources)
+        if native is not None:
+            return Verdict(anchor_exists=True, native=native)
+        missing = self._missing_in_source(sources)
+        if missing is not None:
+            return Verdict(anchor_exists=True, missing=missing)
+        return Verdict(anchor_exists=True, hook_modules=tuple(self.hook_modules()))
+
+    def decide(
+        self, settings: Settings, sources: SourceReader, verdict: Verdict | None = None
+    ) -> None:
+        """Settle the state from settings and source code (or its ``verdict``,
+        judged on these sources before), hooking nothing."""
+        verdict = self.judge(sources) if verdict is None else verdict
         self._source_reader = sources
         self._settings = settings
-        if not sources.exists(self.anchor_module):
+        self._judged_modules = verdict.hook_modules
+        if not verdict.anchor_exists:
             self._set(
                 PatchState.NOT_APPLICABLE, f"this vLLM has no {self.anchor_module}"
             )
-            return
-        native = self.native_reason(sources)
-        if native is not None:
+        elif verdict.native is not None:
             # ops: a fix vLLM has natively stays native when disabled (issue 18).
-            self._set(PatchState.NATIVE, native)
-            return
-        if settings.is_disabled(self.id):
+            self._set(PatchState.NATIVE, verdict.native)
+        elif settings.is_disabled(self.id):
             self._set(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
-            return
-        missing = self._missing_in_source(sources)
-        if missing is not None:
-            self._set(PatchState.FAILED, missing)
-            return
-        modules = ", ".join(self.hook_modules())
-        self._set(PatchState.APPLIED, f"hooks {modules} when imported")
+        elif verdict.missing is not None:
+            self._set(PatchState.FAILED, verdict.missing)
+        else:
+            modules = ", ".join(verdict.hook_modules)
+            self._set(PatchState.APPLIED, f"hooks {modules} when imported")
 
     def arm(self) -> None:
         """Hook each module now if imported, else when it is imported."""
@@ -416,125 +435,6 @@ def report_failure(patch: Patch, reason: str) -> None:
     logger.warning(message)
 
 
-class SourceReader:
-    """Reads vLLM module source without importing it, as text and as parsed code.
-
-    With ``root`` it reads ``<root>/vllm/...py`` (a vLLM source tree) instead
-    of the installed package, so a patch can judge an edited tree.
-    """
-
-    def __init__(self, root: Path | None = None) -> None:
-        self.root = None if root is None else Path(root)
-        self._texts: dict[str, str | None] = {}
-        self._trees: dict[str, ast.Module | None] = {}
-
-    def exists(self, module: str) -> bool:
-        return self.text(module) is not None
-
-    def text(self, module: str) -> str | None:
-        if module not in self._texts:
-            self._texts[module] = (
-                _read_source(module)
-                if self.root is None
-                else _read_tree_source(self.root, module)
-            )
-        return self._texts[module]
-
-    def tree(self, module: str) -> ast.Module | None:
-        if module not in self._trees:
-            text = self.text(module)
-            self._trees[module] = None if text is None else recognition.parse(text)
-        return self._trees[module]
-
-    def defines(self, module: str, qualname: str) -> bool:
-        """Whether ``module`` defines ``qualname`` in code (a method, or a
-        module-level def, class, import or assignment)."""
-        tree = self.tree(module)
-        if tree is None:
-            return False
-        if "." in qualname:
-            return recognition.find_function(tree, qualname) is not None
-        return recognition.module_binds(tree, qualname)
-
-    def function_node(
-        self, module: str, qualname: str
-    ) -> recognition.FunctionNode | None:
-        tree = self.tree(module)
-        return None if tree is None else recognition.find_function(tree, qualname)
-
-    def function(self, module: str, qualname: str) -> str | None:
-        """Source text of the ``def`` of ``qualname``, decorators excluded."""
-        node = self.function_node(module, qualname)
-        text = self.text(module)
-        if node is None or text is None:
-            return None
-        lines = text.splitlines(keepends=True)
-        return "".join(lines[node.lineno - 1 : node.end_lineno])
-
-    def class_node(self, module: str, name: str) -> ast.ClassDef | None:
-        tree = self.tree(module)
-        return None if tree is None else recognition.find_class(tree, name)
-
-    def calls(self, module: str, caller: str, callee: str) -> bool:
-        """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
-        node = self.function_node(module, caller)
-        return node is not None and recognition.calls_name(node, callee)
-
-
-def _read_tree_source(root: Path, module: str) -> str | None:
-    base = root.joinpath(*module.split("."))
-    for file in (base.with_suffix(".py"), base / "__init__.py"):
-        try:
-            return file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-    return None
-
-
-def _module_file(module: str) -> str | None:
-    """The file of ``module``, found without importing its parent packages.
-
-    ``importlib.util.find_spec`` imports every parent package of a dotted
-    name: in a process that has only ``vllm`` itself that runs package
-    ``__init__`` files which take seconds (``vllm.v1.worker.gpu.spec_decode``
-    imports ``vllm.config``). The package directories are searched first.
-    """
-    loaded = sys.modules.get(module)
-    path = getattr(loaded, "__file__", None)
-    if path is not None:
-        return str(path)
-    top, _, rest = module.partition(".")
-    try:
-        top_spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if top_spec is None:
-        return None
-    if not rest:
-        return top_spec.origin
-    for base in top_spec.submodule_search_locations or ():
-        candidate = Path(base, *rest.split("."))
-        for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
-            if file.is_file():
-                return str(file)
-    try:  # an unusual layout (import hooks, zip files): ask the import system
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec is not None else None
-
-
-def _read_source(module: str) -> str | None:
-    path = _module_file(module)
-    if path is None or not path.endswith(".py"):
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
 class Registry:
     def __init__(self, patches: Iterable[Patch]) -> None:
         self.patches = list(patches)
@@ -554,6 +454,7 @@ class Registry:
         """Decide every patch and arm those that apply. Idempotent."""
         settings = self.read_settings() if settings is None else settings
         sources = SourceReader()
+        cache = verdict_cache(settings.cache_dir, sources)
         with _LOCK:
             for patch in self.patches:
                 if patch._failed_at_run_time or (
@@ -563,7 +464,7 @@ class Registry:
                     continue
                 if patch.is_wrapped():
                     patch.remove()
-                patch.decide(settings, sources)
+                patch.decide(settings, sources, judged(patch, sources, cache))
                 if patch.state is PatchState.FAILED:
                     report_failure(patch, patch.reason)
                 elif patch.state is PatchState.APPLIED:

@@ -16,6 +16,8 @@ DISABLE_ENV = "GRAPHSAFE_DISABLE"
 STRICT_ENV = "GRAPHSAFE_STRICT"
 STATS_DIR_ENV = "GRAPHSAFE_STATS_DIR"
 EMULATE_ENV = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
+#: Where each fix's verdict on the installed vLLM is kept between processes.
+CACHE_DIR_ENV = "GRAPHSAFE_CACHE_DIR"
 #: Set by the plugin in the API server process, for the engine processes it starts:
 #: the private directory where every process leaves its counts for ``/metrics``.
 METRICS_DIR_ENV = "GRAPHSAFE_METRICS_DIR"
@@ -39,6 +41,8 @@ class Settings:
     emulate_graph_hazard: bool = False
     #: The private directory behind ``/metrics`` (set by the plugin, not by hand).
     metrics_dir: str | None = None
+    #: ``GRAPHSAFE_CACHE_DIR`` as set (None: the user's cache directory; off: none).
+    cache_dir: str | None = None
     #: One sentence per value that could not be read as meant.
     problems: tuple[str, ...] = ()
     #: The deprecated names found in the environment.
@@ -108,6 +112,7 @@ def read_settings(
         stats_dir=lookup(STATS_DIR_ENV) or None,
         emulate_graph_hazard=emulate,
         metrics_dir=env.get(METRICS_DIR_ENV) or None,
+        cache_dir=env.get(CACHE_DIR_ENV) or None,
         problems=tuple(problems),
         deprecated=tuple(deprecated),
     )

@@ -68,6 +68,8 @@ CLI_MAIN = "vllm.entrypoints.cli.main"
 SERVER_MODULES = (OPENAI_API_SERVER, CLI_MAIN)
 PROMETHEUS = "vllm.v1.metrics.prometheus"
 SERVING_BENCHMARK = "vllm.benchmarks.serve"
+#: ``FlexibleArgumentParser``, which the serving benchmark's options expect.
+ARGPARSE_UTILS = "vllm.utils.argparse_utils"
 
 #: The runner modules ``doctor`` reports on, by the name operators know them by.
 RUNNERS = {

@@ -1,0 +1,311 @@
+"""Each patch's verdict on this vLLM, kept between processes.
+
+Judging a patch parses vLLM's source (hundreds of milliseconds for the model
+runner), and every vLLM process would judge it again at start-up. A verdict is
+what the source alone decides: whether the anchor module exists, the native
+reason, what a hook point lacks, and which modules the hooks bind. It is kept
+with the identity of every module file it read (its path and the SHA-256 of its
+bytes; a module found missing is recorded as missing) and of this package's own
+rules, and it is used only while all of them still match: an in-place vLLM
+upgrade, a module that appears or moves on ``sys.path``, or an edit of a rule
+gives a fresh judgement. Hashing the files costs well under a millisecond each
+(gpu_model_runner.py, 320 kB: about 0.3 ms); a size and modification time alone
+could not tell two builds apart whose files keep their timestamps.
+
+Entries live in ``GRAPHSAFE_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-graphsafe``,
+else ``~/.cache/vllm-graphsafe`` (``off`` keeps none): a directory of this
+user's (0700), files 0600, written without following a link
+(:mod:`vllm_graphsafe.counts.private_files`). An entry that is damaged, not
+ours, or a link is judged again and replaced, never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeGuard
+
+import vllm_graphsafe
+from vllm_graphsafe.counts.private_files import (
+    is_private_directory,
+    make_private_directory,
+    write_private_file,
+)
+from vllm_graphsafe.sources import SourceReader, question_module
+
+CACHE_OFF = frozenset({"off", "none", "0"})
+#: Largest entry read back; a real one is well under 4 kB.
+_MAX_ENTRY_BYTES = 1 << 16
+_FORMAT = 1
+_PACKAGE = Path(vllm_graphsafe.__file__).parent
+#: The package's files whose code decides a verdict.
+_RULE_FILES = (
+    "recognition.py",
+    "registry.py",
+    "sources.py",
+    "verdicts.py",
+    "vllm_layout.py",
+)
+_RULE_DIRS = ("fixes",)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What vLLM's source decides about one patch, whatever the settings."""
+
+    anchor_exists: bool
+    native: str | None = None
+    #: Why a hook point or something a hook reads is missing (None: all there).
+    missing: str | None = None
+    hook_modules: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "anchor_exists": self.anchor_exists,
+            "native": self.native,
+            "missing": self.missing,
+            "hook_modules": list(self.hook_modules),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Verdict | None:
+        """The verdict in ``data``, or None where any field is not as written."""
+        if not isinstance(data, dict) or set(data) != {
+            "anchor_exists",
+            "native",
+            "missing",
+            "hook_modules",
+        }:
+            return None
+        anchor, native, missing, modules = (
+            data["anchor_exists"],
+            data["native"],
+            data["missing"],
+            data["hook_modules"],
+        )
+        if not isinstance(anchor, bool) or not isinstance(modules, list):
+            return None
+        if not all(isinstance(m, str) for m in modules):
+            return None
+        if not all(v is None or isinstance(v, str) for v in (native, missing)):
+            return None
+        return cls(anchor, native, missing, tuple(modules))
+
+
+#: ``module -> (file path, SHA-256 hex)``, or None where the module has no source.
+FileIdentities = Mapping[str, tuple[str, str] | None]
+
+
+def cache_directory(
+    chosen: str | None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """Where verdicts live for this user: ``chosen`` (``GRAPHSAFE_CACHE_DIR``),
+    else under the user's cache directory; None where ``chosen`` turns it off."""
+    env = os.environ if environ is None else environ
+    chosen = (chosen or "").strip()
+    if chosen.lower() in CACHE_OFF:
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = (env.get("XDG_CACHE_HOME") or "").strip()
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".cache"
+    return root / "vllm-graphsafe"
+
+
+def rules_identity() -> str:
+    """The version and every rule file's name, size and modification time."""
+    files = [_PACKAGE / name for name in _RULE_FILES]
+    for directory in _RULE_DIRS:
+        files += sorted((_PACKAGE / directory).rglob("*.py"))
+    parts = [vllm_graphsafe.__version__]
+    for file in files:
+        try:
+            info = file.stat()
+        except OSError:
+            parts.append(f"{file.relative_to(_PACKAGE)}:absent")
+            continue
+        parts.append(f"{file.relative_to(_PACKAGE)}:{info.st_size}:{info.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _checksum(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class VerdictCache:
+    """Verdicts of one installation's patches, in ``directory``."""
+
+    def __init__(self, directory: Path, scope: str) -> None:
+        self.directory = directory
+        #: Names the installation (vLLM's package directory), so venvs do not mix.
+        self._scope = hashlib.sha256(scope.encode()).hexdigest()[:16]
+        self._rules = rules_identity()
+
+    def _name(self, patch_id: str) -> str:
+        return f"verdict-{patch_id}-{self._scope}.json"
+
+    def load(self, patch_id: str) -> Stored | None:
+        """The stored verdict, the file identities it was judged on, its answers.
+
+        None where there is none, or it is damaged, a link, not this user's
+        private file, or judged by other rules. The caller checks the files.
+        """
+        raw = self._read(self._name(patch_id))
+        if raw is None:
+            return None
+        try:
+            entry = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(entry, dict) or set(entry) != {"body", "check"}:
+            return None
+        body = entry["body"]
+        if not isinstance(body, dict) or entry["check"] != _checksum(body):
+            return None
+        if body.get("format") != _FORMAT or body.get("rules") != self._rules:
+            return None
+        if body.get("patch") != patch_id:
+            return None
+        files, answers = body.get("files"), body.get("answers")
+        verdict = Verdict.from_json(body.get("verdict"))
+        if verdict is None or not _valid_files(files) or not _valid_answers(answers):
+            return None
+        return Stored(verdict, files, answers)
+
+    def store(
+        self,
+        patch_id: str,
+        verdict: Verdict,
+        files: FileIdentities,
+        answers: Mapping[str, bool],
+    ) -> None:
+        """Keep ``verdict``; a directory or file we cannot use keeps nothing."""
+        body = {
+            "format": _FORMAT,
+            "patch": patch_id,
+            "rules": self._rules,
+            "files": {m: list(i) if i else None for m, i in files.items()},
+            "answers": dict(answers),
+            "verdict": verdict.to_json(),
+        }
+        data = json.dumps({"body": body, "check": _checksum(body)}).encode()
+        with contextlib.suppress(OSError):
+            make_private_directory(self.directory)
+            if is_private_directory(self.directory):
+                write_private_file(self.directory, self._name(patch_id), data)
+
+    def _read(self, name: str) -> bytes | None:
+        if not is_private_directory(self.directory):
+            return None
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.directory / name, flags)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            if (
+                not stat.S_ISREG(info.st_mode)
+                or info.st_uid != os.getuid()
+                or info.st_mode & 0o077
+                or info.st_size > _MAX_ENTRY_BYTES
+            ):
+                return None
+            return os.read(fd, _MAX_ENTRY_BYTES + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class Stored:
+    verdict: Verdict
+    #: ``module -> [path, sha256]`` or None, as judged.
+    files: dict[str, Any]
+    #: The yes/no answers the judgement gave (see ``SourceReader.know``).
+    answers: dict[str, bool]
+
+
+def _valid_answers(answers: Any) -> TypeGuard[dict[str, bool]]:
+    return isinstance(answers, dict) and all(
+        isinstance(key, str) and isinstance(value, bool)
+        for key, value in answers.items()
+    )
+
+
+def _valid_files(files: Any) -> TypeGuard[dict[str, Any]]:
+    if not isinstance(files, dict):
+        return False
+    for module, identity in files.items():
+        if not isinstance(module, str):
+            return False
+        if identity is not None and not (
+            isinstance(identity, list)
+            and len(identity) == 2
+            and all(isinstance(part, str) for part in identity)
+        ):
+            return False
+    return True
+
+
+def matches(files: Mapping[str, Any], current: FileIdentities) -> bool:
+    """Whether every recorded module still resolves to the same bytes."""
+    return all(
+        (tuple(identity) if identity else None) == current.get(module)
+        for module, identity in files.items()
+    )
+
+
+#: The package whose patches' verdicts are kept (its code is in the cache key).
+VERDICT_RULES = "vllm_graphsafe.fixes."
+
+
+class Judged(Protocol):
+    """A patch, as far as its verdict goes."""
+
+    id: str
+
+    def judge(self, sources: SourceReader) -> Verdict: ...
+
+
+def verdict_cache(chosen: str | None, sources: SourceReader) -> VerdictCache | None:
+    """The verdicts of the vLLM that ``sources`` reads, kept where ``chosen`` says."""
+    try:
+        directory = cache_directory(chosen)
+    except RuntimeError:  # no home directory to find
+        return None
+    vllm = sources.identity("vllm")
+    if directory is None or vllm is None:
+        return None
+    return VerdictCache(directory, scope=vllm[0])
+
+
+def judged(patch: Judged, sources: SourceReader, cache: VerdictCache | None) -> Verdict:
+    """The patch's verdict from ``cache`` where every file it read is unchanged,
+    else judged now (and kept)."""
+    if not type(patch).__module__.startswith(VERDICT_RULES):
+        cache = None  # its rules are not among those the cache knows
+    if cache is not None:
+        stored = cache.load(patch.id)
+        if stored is not None and all(
+            question_module(key) in stored.files for key in stored.answers
+        ):
+            current = {module: sources.identity(module) for module in stored.files}
+            if matches(stored.files, current):
+                # The hooks ask these again when they bind, in the process that
+                # imports the runner.
+                sources.know(stored.answers)
+                return stored.verdict
+    with sources.recording() as reading:
+        verdict = patch.judge(sources)
+    if cache is not None:
+        files = {m: sources.identity(m) for m in sorted(reading.modules)}
+        cache.store(patch.id, verdict, files, reading.answers)
+    return verdict

@@ -1,0 +1,61 @@
+"""Doctor right after vLLM changes in place, with the verdicts kept from before.
+
+``pip install -U vllm`` rewrites the package's files where they are. Here a
+copy of the installed release stands first on ``PYTHONPATH``; doctor runs once
+(it keeps each fix's verdict), then the copy gets the upstream form of the V1
+phase fix written into it (the backport's edit), and doctor must see it at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from vllm_graphsafe.backport import backport
+
+REPO = Path(__file__).resolve().parents[3]
+V1 = "v1-phase-dispatch"
+
+
+def doctor_states(tree: Path, cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHSAFE_")} | {
+        "GRAPHSAFE_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join((str(tree), str(REPO / "src"))),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_graphsafe.cli.main", "doctor", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(result.stdout)
+    assert all(p["reason"] for p in report["patches"])
+    return {patch["id"]: patch["state"] for patch in report["patches"]}
+
+
+def test_doctor_tells_the_truth_after_an_in_place_upgrade(
+    tree_copy: Callable[[], Path], tmp_path: Path
+) -> None:
+    tree, cache = tree_copy(), tmp_path / "verdicts"
+    before = doctor_states(tree, cache)
+    assert before[V1] == "applied"
+    assert any(cache.iterdir()), "doctor kept no verdict"
+    assert doctor_states(tree, cache) == before, "a kept verdict changed the answer"
+
+    edits = backport(tree, [V1]).edited
+    assert edits
+    for relpath, text in edits.items():
+        (tree / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tree / relpath).write_text(text)
+
+    after = doctor_states(tree, cache)
+    assert after[V1] == "native", after
+    assert {k: v for k, v in after.items() if k != V1} == {
+        k: v for k, v in before.items() if k != V1
+    }

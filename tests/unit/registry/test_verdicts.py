@@ -1,0 +1,212 @@
+"""Verdicts kept between processes: used only while vLLM's bytes are unchanged.
+
+A synthetic ``vllm`` package on ``sys.path`` stands in for an installed
+release; the real fixes judge it, so what a stale verdict would get wrong is a
+fix's state an operator reads.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vllm_graphsafe import recognition, registry, vllm_layout
+from vllm_graphsafe.fixes import all_patches
+from vllm_graphsafe.registry import PatchState, Registry
+from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.verdicts import cache_directory
+
+V1 = "v1-phase-dispatch"
+RUNNER_FILE = Path(*vllm_layout.V1_RUNNER.split(".")).with_suffix(".py")
+#: The V1 shape rule with and without the native phase comparison: same length.
+NATIVE = """class GPUModelRunner:
+    def _is_uniform_decode(self, a):
+        return self.num_computed_tokens < self.num_prompt_tokens
+"""
+SHAPE = """class GPUModelRunner:
+    def _is_uniform_decode(self, a):
+        return self.max_num_scheduled == self.uniform_query_lens
+"""
+assert len(NATIVE) == len(SHAPE)
+
+
+@pytest.fixture
+def release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A ``vllm`` package of our own, found first on ``sys.path``."""
+    root = tmp_path / "site"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(root))
+    saved = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name == "vllm" or name.startswith("vllm.")
+    }
+    yield root
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "verdicts"
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per module source parsed."""
+    counted: list[int] = []
+    original = recognition.parse
+
+    def parse(text: str) -> object:
+        counted.append(len(text))
+        return original(text)
+
+    monkeypatch.setattr(recognition, "parse", parse)
+    return counted
+
+
+def write_runner(release: Path, text: str) -> Path:
+    file = release / RUNNER_FILE
+    file.parent.mkdir(parents=True, exist_ok=True)
+    for package in file.relative_to(release).parents:
+        if package != Path("."):
+            (release / package / "__init__.py").touch()
+    file.write_text(text)
+    return file
+
+
+def states(cache: Path) -> dict[str, str]:
+    patches = Registry(all_patches())
+    patches.apply_all(read_settings({"GRAPHSAFE_CACHE_DIR": str(cache)}))
+    return patches.states()
+
+
+def test_a_kept_verdict_spares_the_parse_and_is_private(
+    release: Path, cache: Path, parses: list[int]
+) -> None:
+    write_runner(release, NATIVE)
+    first = states(cache)
+    assert first[V1] == PatchState.NATIVE.value
+    assert parses, "the first process judges by parsing"
+    parses.clear()
+    assert states(cache) == first
+    assert parses == [], "a later process parsed vLLM's source again"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    entries = list(cache.iterdir())
+    assert entries and all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in entries)
+
+
+def test_an_edit_that_keeps_size_and_time_is_judged_again(
+    release: Path, cache: Path
+) -> None:
+    runner = write_runner(release, NATIVE)
+    assert states(cache)[V1] == PatchState.NATIVE.value
+    before = runner.stat()
+    runner.write_text(SHAPE)
+    os.utime(runner, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert runner.stat().st_size == before.st_size
+    assert states(cache)[V1] != PatchState.NATIVE.value, "stale verdict after upgrade"
+
+
+def test_a_module_that_appears_is_judged_again(release: Path, cache: Path) -> None:
+    assert states(cache)[V1] == PatchState.NOT_APPLICABLE.value
+    write_runner(release, NATIVE)
+    assert states(cache)[V1] == PatchState.NATIVE.value
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"", b"{", b'{"body": {}, "check": "0"}', b"\x00" * 40],
+    ids=["empty", "truncated", "wrong check", "binary"],
+)
+def test_a_damaged_entry_is_judged_again_and_replaced(
+    release: Path, cache: Path, parses: list[int], damage: bytes
+) -> None:
+    write_runner(release, NATIVE)
+    states(cache)
+    for entry in cache.iterdir():
+        entry.write_bytes(damage)
+    parses.clear()
+    assert states(cache)[V1] == PatchState.NATIVE.value
+    assert parses, "a damaged entry was trusted"
+    parses.clear()
+    states(cache)
+    assert parses == [], "the damaged entry was not replaced"
+
+
+def test_a_forged_verdict_with_a_stale_check_is_not_trusted(
+    release: Path, cache: Path
+) -> None:
+    write_runner(release, NATIVE)
+    states(cache)
+    entry = next(e for e in cache.iterdir() if V1 in e.name)
+    entry.write_text(entry.read_text().replace('"native": "', '"native": "forged '))
+    assert "forged" not in " ".join(p.reason for p in _applied(cache) if p.id == V1)
+
+
+def _applied(cache: Path) -> list[registry.Patch]:
+    patches = Registry(all_patches())
+    patches.apply_all(read_settings({"GRAPHSAFE_CACHE_DIR": str(cache)}))
+    return patches.patches
+
+
+def test_a_link_at_an_entry_is_neither_followed_nor_replaced(
+    release: Path, cache: Path, tmp_path: Path
+) -> None:
+    write_runner(release, NATIVE)
+    states(cache)
+    entry = next(e for e in cache.iterdir() if V1 in e.name)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(entry.read_bytes())
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    write_runner(release, SHAPE)  # a verdict through the link would be stale
+    assert states(cache)[V1] != PatchState.NATIVE.value
+    assert entry.is_symlink() and elsewhere.read_bytes().count(b"native")
+
+
+def test_a_directory_others_can_enter_is_not_used(release: Path, cache: Path) -> None:
+    write_runner(release, NATIVE)
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    assert states(cache)[V1] == PatchState.NATIVE.value
+    assert list(cache.iterdir()) == []
+
+
+def test_off_keeps_nothing(release: Path, tmp_path: Path) -> None:
+    write_runner(release, NATIVE)
+    before = set(tmp_path.rglob("*"))
+    assert states(Path("off"))[V1] == PatchState.NATIVE.value
+    assert set(tmp_path.rglob("*")) == before
+    assert not Path("off").exists()
+
+
+def test_the_default_place_follows_xdg_cache_home(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert cache_directory(None, env) == tmp_path / "vllm-graphsafe"
+    assert cache_directory(str(tmp_path / "x"), env) == tmp_path / "x"
+    assert cache_directory("off", env) is None
+    assert cache_directory(None, {"XDG_CACHE_HOME": "relative"}) == (
+        Path.home() / ".cache" / "vllm-graphsafe"
+    )
+
+
+def test_yes_no_answers_are_kept_for_the_hooks_that_bind_later(
+    release: Path, cache: Path, parses: list[int]
+) -> None:
+    """The process that imports the runner asks the hooks' questions again."""
+    write_runner(release, SHAPE)
+    states(cache)
+    reader = registry.SourceReader()
+    for patch in all_patches():
+        registry.judged(patch, reader, registry.verdict_cache(str(cache), reader))
+    parses.clear()
+    assert reader.defines(vllm_layout.V1_RUNNER, "GPUModelRunner._is_uniform_decode")
+    assert parses == [], "a kept answer was worked out again"
