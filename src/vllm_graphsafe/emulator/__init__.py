@@ -71,10 +71,15 @@ def installed() -> bool:
 
 def _bind(module: ModuleType) -> None:
     global _bound, _bound_error
+    from vllm_graphsafe.emulator import physical
     from vllm_graphsafe.emulator.v1_runner import BindError, V1RunnerEmulator
 
+    mode = physical.mode()
+    problem = physical.mode_problem()
+    if problem:
+        _logger().error("vllm-graphsafe: %s", problem)
     try:
-        V1RunnerEmulator(STATE).bind(module)
+        V1RunnerEmulator(STATE, mode).bind(module)
     except (BindError, AttributeError, ImportError) as error:
         _bound_error = str(error)
         _logger().error(
@@ -85,6 +90,18 @@ def _bind(module: ModuleType) -> None:
         )
         return
     _bound = True
+    if mode == physical.PHYSICAL:
+        _logger().warning(
+            "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE, PHYSICAL MODE (%s=1, "
+            "%s=physical, a test instrument): steps dispatched as uniform decode "
+            "while a request is in its prompt build their linear-attention "
+            "metadata as a FULL decode CUDA graph's replay would read it, so "
+            "vLLM's own kernels corrupt the recurrent state. Never use it on a "
+            "server that answers real users.",
+            EMULATE_ENV,
+            physical.MODE_ENV,
+        )
+        return
     _logger().warning(
         "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE (%s=1, a test instrument): "
         "steps dispatched as uniform decode while a request is in its prompt answer "
@@ -118,9 +135,16 @@ def describe() -> dict[str, Any]:
         "requested": on,
         "bound_in_this_process": _bound,
         "bind_error": _bound_error,
+        "mode": _mode(),
         "runner": "V1 (vllm/v1/worker/gpu_model_runner.py and its CPU subclass)",
         "summary": summary,
     }
+
+
+def _mode() -> str:
+    from vllm_graphsafe.emulator import physical
+
+    return physical.mode()
 
 
 def _logger() -> logging.Logger:

@@ -17,6 +17,11 @@ Three wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
     a ``ModelRunnerOutput``'s sampled ids of poisoned requests are replaced by
     the first id past the vocabulary. The runner's own token state is left
     alone: the API answer carries the corruption, the engine keeps running.
+
+In the physical mode (:mod:`vllm_graphsafe.emulator.physical`) no id is
+replaced; a fourth wrapper, on ``GDNAttentionMetadataBuilder.build``, builds a
+hazardous step's linear-attention metadata as the FULL decode graph's replay
+would read it, and vLLM's own kernels corrupt the recurrent state.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import wrapt
 
 from vllm_graphsafe import vllm_layout
+from vllm_graphsafe.emulator import physical
 from vllm_graphsafe.emulator.hazard import (
     EmulatorState,
     StepObservation,
@@ -52,8 +58,9 @@ class _Step(threading.local):
 
 
 class V1RunnerEmulator:
-    def __init__(self, state: EmulatorState) -> None:
+    def __init__(self, state: EmulatorState, mode: str = physical.IDS) -> None:
         self.state = state
+        self.physical = mode == physical.PHYSICAL
         self._step = _Step()
 
     def bind(self, runner_module: ModuleType) -> None:
@@ -77,6 +84,16 @@ class V1RunnerEmulator:
                 runner_class, "sample_tokens", self._on_sample_tokens
             )
         wrapt.wrap_function_wrapper(dispatcher_class, "dispatch", self._on_dispatch)
+        if self.physical:
+            self._bind_physical()
+
+    def _bind_physical(self) -> None:
+        module = vllm_layout.GDN_ATTENTION_BACKEND
+        builder = vllm_layout.GDN_BUILDER_CLASS
+        builder_class = getattr(importlib.import_module(module), builder, None)
+        if not hasattr(builder_class, "build"):
+            raise BindError(f"this vLLM has no {module}.{builder}.build")
+        wrapt.wrap_function_wrapper(builder_class, "build", self._on_gdn_build)
 
     # ----------------------------------------------------------------- wrappers
 
@@ -122,9 +139,30 @@ class V1RunnerEmulator:
             )
         return wrapped(*args, **kwargs)
 
+    def _on_gdn_build(
+        self, wrapped: Any, builder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        staged = _staged_buffers(builder)
+        observation = self._step.observation
+        if observation is None or not observation.hazardous:
+            metadata = wrapped(*args, **kwargs)
+            staged.record(metadata)
+            return metadata
+        call = _build_call(args, kwargs)
+        common = call["common_attn_metadata"]
+        if builder.use_spec_decode:
+            call["num_decode_draft_tokens_cpu"] = physical.decode_draft_counts(
+                common.query_start_loc_cpu
+            )
+        else:
+            call["common_attn_metadata"] = common.replace(is_prefilling=None)
+        return staged.replayed(wrapped(**call))
+
     # ------------------------------------------------------------------ helpers
 
     def _corrupt(self, runner: Any, output: Any) -> Any:
+        if self.physical:
+            return output
         req_ids = getattr(output, "req_ids", None)
         sampled = getattr(output, "sampled_token_ids", None)
         if not req_ids or not isinstance(sampled, list) or not self.state.poisoned:
@@ -145,6 +183,28 @@ def _prompt_rows(runner: Any, scheduled: tuple[str, ...]) -> tuple[str, ...]:
     )
     wanted = set(scheduled)
     return tuple(req_id for req_id in in_prompt if req_id in wanted)
+
+
+_BUILD_PARAMETERS = (
+    "common_prefix_len",
+    "common_attn_metadata",
+    "num_accepted_tokens",
+    "num_decode_draft_tokens_cpu",
+    "fast_build",
+)
+
+
+def _build_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``GDNAttentionMetadataBuilder.build``'s arguments, all by name."""
+    return {**dict(zip(_BUILD_PARAMETERS, args, strict=False)), **kwargs}
+
+
+def _staged_buffers(builder: Any) -> physical.StagedBuffers:
+    staged = getattr(builder, "_graphsafe_staged", None)
+    if staged is None:
+        staged = physical.StagedBuffers()
+        builder._graphsafe_staged = staged
+    return staged
 
 
 def corrupt_token_id(runner: Any) -> int:

@@ -185,14 +185,14 @@ def _invent_word(rng: random.Random) -> str:
     )
 
 
-def _write_tokenizer(out_dir: Path) -> None:
+def _write_tokenizer(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
