@@ -14,6 +14,7 @@ EXIT_FIXES_NEEDED = 1
 EXIT_CANNOT_BIND = 2
 EXIT_BAD_INPUT = 3
 EXIT_WRITE_FAILED = 4
+EXIT_VERIFY_FAILED = 5
 
 EPILOG = """\
 exit status:
@@ -24,12 +25,15 @@ exit status:
   3  bad input: DIR holds no vllm/ package, an unknown fix id, no mode or an
      unusable OUTDIR
   4  writing the tree failed; every file was left as it was
+  5  --verify only: a fix's written tests failed or could not run (one
+     sentence per fix on stderr)
   (An option unknown to every subcommand is refused by vllm-graphsafe's own
   argument parser before anything is read, with argparse's status 2.)
 
 The tree is never imported. --diff prints a unified diff that `git apply`
 accepts at DIR's root; --format-patch writes one `git am`-able patch per fix.
-Each edit also writes CPU tests under DIR/tests/v1/worker/.
+Each edit also writes CPU tests under DIR/tests/v1/worker/; --verify runs
+them against DIR (first on PYTHONPATH, the plugin disabled) with --python.
 """
 
 
@@ -69,6 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUTDIR",
         help="write one git-am patch per needed fix into OUTDIR",
     )
+    modes.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the tests the backport wrote (or would write) against the tree",
+    )
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="interpreter --verify runs the tests with (default: this one)",
+    )
     # Collected here so that an unknown option is status 3 too (see run()).
     parser.add_argument("unexpected", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     # One sentence and status 3 for a bad command line, not argparse's 2,
@@ -97,8 +111,17 @@ def run(args: argparse.Namespace) -> int:
     if args.unexpected:
         _say(f"Unexpected argument {args.unexpected[0]}; see --help.")
         return EXIT_BAD_INPUT
-    if not (args.check or args.diff or args.write or args.format_patch):
-        _say("Choose one of --check, --diff, --write or --format-patch OUTDIR.")
+    if not (args.check or args.diff or args.write or args.format_patch or args.verify):
+        _say(
+            "Choose one of --check, --diff, --write, --format-patch OUTDIR or --verify."
+        )
+        return EXIT_BAD_INPUT
+    if args.python is not None and not args.verify:
+        _say("--python is used only with --verify.")
+        return EXIT_BAD_INPUT
+    python = sys.executable if args.python is None else args.python
+    if args.verify and not Path(python).is_file():
+        _say(f"{python} is not an interpreter (no such file).")
         return EXIT_BAD_INPUT
     unknown = sorted(set(args.fix or ()) - set(_fix_ids()))
     if unknown:
@@ -123,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if result.unbound():
             return EXIT_CANNOT_BIND
         return EXIT_FIXES_NEEDED if result.needed() else EXIT_OK
+    if args.verify:
+        return _verify(result, python)
     if args.diff:
         sys.stdout.write(combined_diff(result))
         return status
@@ -134,6 +159,11 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_WRITE_FAILED
         for relpath in written:
             _say(f"wrote {relpath}")
+        if written:
+            _say(
+                f"Run the written tests with: vllm-graphsafe backport --tree "
+                f"{args.tree} --verify [--python PATH]"
+            )
         return status
     assert outdir is not None
     try:
@@ -148,3 +178,14 @@ def run(args: argparse.Namespace) -> int:
         assert not needed
         _say("No patch written: the tree needs none of the fixes.")
     return status
+
+
+def _verify(result: object, python: str) -> int:
+    from vllm_graphsafe.backport import Backport
+    from vllm_graphsafe.backport.tree_tests import verify_tree
+
+    assert isinstance(result, Backport)
+    lines = verify_tree(result, python)
+    for line in lines:
+        _say(f"{line.fix_id} tests: {line.line}")
+    return EXIT_OK if all(line.ok for line in lines) else EXIT_VERIFY_FAILED

@@ -600,7 +600,7 @@ class RequestState:
     def __init__(self):
         self.num_computed_prefill_tokens = None
         self.prefill_len = None
-        self.index_to_req_id = {}
+        self.req_id_to_index = {}
 """,
     vllm_layout.MRV2_INPUT_BATCH: """
 class InputBatch:
@@ -838,7 +838,7 @@ def applied_patch() -> Any:
 
 
 @pytest.mark.parametrize(
-    "name", ["num_computed_prefill_tokens", "prefill_len", "index_to_req_id"]
+    "name", ["req_id_to_index", "num_computed_prefill_tokens", "prefill_len"]
 )
 def test_unreadable_request_state_gives_vllm_count_and_fails_the_patch(
     name: str,
@@ -898,7 +898,7 @@ def test_unreadable_draft_batch_state_gives_vllm_count_and_fails_the_patch(
 @pytest.mark.parametrize(
     ("module", "renamed"),
     [
-        (vllm_layout.MRV2_STATES, "index_to_req_id"),
+        (vllm_layout.MRV2_STATES, "req_id_to_index"),
         (vllm_layout.MRV2_STATES, "prefill_len"),
         (vllm_layout.MRV2_INPUT_BATCH, "is_prefilling_np"),
     ],

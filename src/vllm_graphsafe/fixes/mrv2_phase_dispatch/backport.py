@@ -101,8 +101,8 @@ def _get_uniform_decode_token_count(
 
     A prompt chunk of the decode query length has a decode batch's shape, so
     a real step qualifies only when no scheduled request is still in prefill.
-    Dummy batches keep the shape rule. Only uniform shapes scan the request
-    states, and only the rows still in prefill.
+    Dummy batches keep the shape rule. Only uniform shapes read the request
+    states: each scheduled request's row, found by its id.
     """
     num_tokens_per_req = scheduler_output.num_scheduled_tokens
     num_reqs = len(num_tokens_per_req)
@@ -112,13 +112,16 @@ def _get_uniform_decode_token_count(
     has_prefill = False
     if not dummy_run and uniform_shape:
         req_states = self.req_states
-        prefill_rows = np.flatnonzero(
-            req_states.num_computed_prefill_tokens{computed_view}
-            < req_states.prefill_len{prefill_view}
+        rows = np.fromiter(
+            (req_states.req_id_to_index[req_id] for req_id in num_tokens_per_req),
+            dtype=np.int64,
+            count=num_reqs,
         )
-        has_prefill = any(
-            req_states.index_to_req_id.get(row) in num_tokens_per_req
-            for row in prefill_rows.tolist()
+        has_prefill = bool(
+            np.any(
+                req_states.num_computed_prefill_tokens{computed_view}[rows]
+                < req_states.prefill_len{prefill_view}[rows]
+            )
         )
     return get_uniform_decode_token_count(
         num_reqs, num_tokens, max_query_len, {flag}
@@ -203,7 +206,7 @@ def plan(tree: Tree) -> Plan:
         tree,
         MRV2_STATES,
         "RequestState",
-        ("num_computed_prefill_tokens", "prefill_len", "index_to_req_id"),
+        ("num_computed_prefill_tokens", "prefill_len", "req_id_to_index"),
     )
     if not recognition.module_binds(runner.tree, "np"):
         raise MissingSymbolError(f"the numpy import of {MRV2_RUNNER}")

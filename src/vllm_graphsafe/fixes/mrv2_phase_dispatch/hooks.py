@@ -38,7 +38,6 @@ from vllm_graphsafe.fixes.phase_events import (
     NON_UNIFORM,
     UNIFORM_DECODE,
 )
-from vllm_graphsafe.fixes.phase_rows import RowPrefix, any_row_scheduled
 from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.registry import (
     HookPoint,
@@ -196,34 +195,26 @@ _any = np.any
 def target_phase_reader() -> InPrefill:
     """Whether a request the runner schedules this step is still in prefill.
 
-    The reader takes the runner's request states (``req_states``): it scans
-    the rows still in prefill (usually few) and asks whether their owners
-    (``index_to_req_id``) are scheduled, instead of looking up every
-    scheduled request. The host views of the two phase columns are taken
-    once, and again only when the runner holds different column objects.
+    Each scheduled request's row is found by its id (``req_id_to_index``) and
+    its two phase columns compared there: the request state upstream's fix
+    and forks' tests build, and nothing else of it, is read.
     """
-    # [computed column, prefill_len column, RowPrefix over their host views]
-    table: list[Any] = [None, None, None]
 
     def scheduled_request_in_prefill(runner: Any, scheduler_output: Any) -> bool:
         req_states = runner.req_states
-        computed = req_states.num_computed_prefill_tokens
-        prefill_len = req_states.prefill_len
-        if table[0] is not computed or table[1] is not prefill_len:
-            host_computed = _host(computed)
-            table[:] = (
-                computed,
-                prefill_len,
-                RowPrefix(host_computed, _host(prefill_len), len(host_computed)),
-            )
-        rows = table[2].rows_in_prefill()
-        if rows.size == 0:
-            return False
-        return any_row_scheduled(
-            rows, req_states.index_to_req_id, scheduler_output.num_scheduled_tokens
-        )
+        scheduled = scheduler_output.num_scheduled_tokens
+        rows = _rows_of(req_states.req_id_to_index, scheduled)
+        computed = _host(req_states.num_computed_prefill_tokens)[rows]
+        return bool(_any(computed < _host(req_states.prefill_len)[rows]))
 
     return scheduled_request_in_prefill
+
+
+def _rows_of(req_id_to_index: Any, req_ids: Any) -> np.ndarray:
+    """The state rows of ``req_ids``; a request without one is an error."""
+    return np.fromiter(
+        map(req_id_to_index.__getitem__, req_ids), dtype=np.intp, count=len(req_ids)
+    )
 
 
 def draft_phase_reader() -> InPrefill:
@@ -395,8 +386,8 @@ bind_target_count = _phase_aware_count(
     _TARGET_STEP,
     target_phase_reader,
     "",
-    "GPUModelRunner.req_states (num_computed_prefill_tokens, prefill_len, "
-    "index_to_req_id) and scheduler_output.num_scheduled_tokens",
+    "GPUModelRunner.req_states (req_id_to_index, num_computed_prefill_tokens, "
+    "prefill_len) and scheduler_output.num_scheduled_tokens",
 )
 #: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
 bind_draft_count = _phase_aware_count(
@@ -465,9 +456,9 @@ class MRV2PhaseDispatchPatch(Patch):
         reads += [
             SetsAttribute(STATES_MODULE, "RequestState", name, SHAPE_RULE)
             for name in (
+                "req_id_to_index",
                 "num_computed_prefill_tokens",
                 "prefill_len",
-                "index_to_req_id",
             )
         ]
         if not draft_prefill_dispatchers(self.sources):

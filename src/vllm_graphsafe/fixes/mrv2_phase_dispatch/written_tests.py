@@ -35,13 +35,15 @@ def _runner(requests):
     for row, num_prefill, num_computed in requests.values():
         prefill_len[row] = num_prefill
         computed[row] = num_computed
-    runner = object.__new__(GPUModelRunner)
-    runner.req_states = SimpleNamespace(
-        num_computed_prefill_tokens=@@COMPUTED@@,
-        prefill_len=@@PREFILL@@,
-        index_to_req_id={row: req_id for req_id, (row, _, _) in requests.items()},
+    # Only what a request's phase is read from: the state's id -> row map and
+    # its two phase columns (a fork may add any other attribute).
+    return SimpleNamespace(
+        req_states=SimpleNamespace(
+            num_computed_prefill_tokens=@@COMPUTED@@,
+            prefill_len=@@PREFILL@@,
+            req_id_to_index={req_id: row for req_id, (row, _, _) in requests.items()},
+        )
     )
-    return runner
 
 
 def _scheduler_output(scheduled):
@@ -62,8 +64,8 @@ def _expected(requests, scheduled):
 
 
 def _count(runner, scheduled, dummy_run=False):
-    return runner._get_uniform_decode_token_count(
-        _scheduler_output(scheduled), dummy_run
+    return GPUModelRunner._get_uniform_decode_token_count(
+        runner, _scheduler_output(scheduled), dummy_run
     )
 
 
