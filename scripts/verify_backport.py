@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prove the backport on one installed release: what CI runs per release.
 
-Usage: scripts/verify_backport.py VENV [--keep]
+Usage: scripts/verify_backport.py VENV [--fork TARBALL] [--keep]
 
 Copies VENV's installed ``vllm`` package into a temporary tree (the copy is
 edited, never the venv), backports it, and checks, one line per check:
@@ -12,8 +12,15 @@ comes first on ``PYTHONPATH``; ruff with vLLM's rule set finds nothing new in
 the edited files; the tests the backport wrote pass on the edited tree and fail
 on the pristine one; and the project's regression tests of each backported fix
 pass on the edited copy with the plugin disabled. Exit status 0 when every
-check passed, 1 when one failed, 3 for a bad VENV. The temporary tree is
-deleted unless ``--keep``.
+check passed, 1 when one failed, 3 for a bad VENV or TARBALL. The temporary
+tree is deleted unless ``--keep``.
+
+With ``--fork TARBALL`` the tree is a fork's ``vllm/`` package (a tarball, as
+in ``../shared/forks``) made importable with VENV's compiled libraries, and
+three more checks run: ``backport --verify`` passes on the edited tree, the
+project's regression tests of each fix fail on the pristine fork (negative
+control), and ``--format-patch`` output applies with ``git am`` to a
+git-initialised pristine copy.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +112,22 @@ def installed_package(python: str) -> Path | None:
     return Path(location) if found.returncode == 0 and location else None
 
 
-def verify(venv: Path, workdir: Path) -> Checks:
+def unpack_fork(tarball: Path, package: Path, tree_root: Path) -> None:
+    """The fork's ``vllm/`` under ``tree_root``, with ``package``'s compiled
+    libraries and version file, so that its runner classes import."""
+    tree_root.mkdir(parents=True)
+    with tarfile.open(tarball) as archive:
+        archive.extractall(tree_root, filter="data")
+    for library in package.rglob("*.so"):
+        relative = library.relative_to(package)
+        if "deep_gemm" in relative.parts:
+            continue
+        (tree_root / "vllm" / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, tree_root / "vllm" / relative)
+    shutil.copy2(package / "_version.py", tree_root / "vllm" / "_version.py")
+
+
+def verify(venv: Path, workdir: Path, fork: Path | None = None) -> Checks:
     checks = Checks()
     python = str((venv / "bin" / "python").absolute())
     package = installed_package(python)
@@ -112,7 +136,10 @@ def verify(venv: Path, workdir: Path) -> Checks:
         return checks
     pristine, edited = workdir / "pristine", workdir / "edited"
     for root in (pristine, edited):
-        copy_package(package, root)
+        if fork is None:
+            copy_package(package, root)
+        else:
+            unpack_fork(fork, package, root)
     cli = [python, "-m", "vllm_graphsafe.cli.main", "backport"]
 
     first = run([*cli, "--tree", str(pristine), "--check"])
@@ -229,7 +256,77 @@ def verify(venv: Path, workdir: Path) -> Checks:
         "plugin disabled",
         _summary(regression),
     )
+    if fork is not None:
+        fork_checks(checks, cli, python, workdir, needed, fork, package)
     return checks
+
+
+def fork_checks(
+    checks: Checks,
+    cli: list[str],
+    python: str,
+    workdir: Path,
+    needed: list[str],
+    fork: Path,
+    package: Path,
+) -> None:
+    """What a fork maintainer runs beyond a release copy's checks."""
+    pristine, edited = workdir / "pristine", workdir / "edited"
+    verified = run([*cli, "--tree", str(edited), "--verify", "--python", python])
+    checks.report(
+        verified.returncode == 0,
+        "backport --verify passes on the edited tree",
+        "; ".join(
+            verified.stdout.strip().splitlines() or [f"exit {verified.returncode}"]
+        ),
+    )
+
+    selector_path = str(workdir)
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    for fix in needed:
+        control = run(
+            [
+                *pytest,
+                "-p",
+                "graphsafe_verify_selection",
+                "tests/release/classes",
+                *(f"--deselect={test}" for test in plugin_form_only()),
+            ],
+            env={
+                **PLUGIN_OFF,
+                "PYTHONPATH": os.pathsep.join([str(pristine), selector_path]),
+                "GRAPHSAFE_VERIFY_FIXES": fix,
+            },
+            cwd=REPO,
+        )
+        summary = _summary(control)
+        checks.report(
+            control.returncode == 1 and " failed" in summary,
+            f"regression tests of {fix} fail on the pristine fork, plugin disabled",
+            summary,
+        )
+
+    patches, repository = workdir / "patches", workdir / "am"
+    unpack_fork(fork, package, repository)
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@localhost"]
+    outcome = run([*git, "init", "-q"], cwd=repository)
+    steps: list[Callable[[], list[str]]] = [
+        lambda: [*git, "add", "-A"],
+        lambda: [*git, "commit", "-qm", "pristine fork"],
+        lambda: [*cli, "--tree", str(repository), "--format-patch", str(patches)],
+        lambda: [*git, "am", "-q", *sorted(map(str, patches.glob("*.patch")))],
+    ]
+    for step in steps:
+        if outcome.returncode != 0:
+            break
+        outcome = run(step(), cwd=repository)
+    count = len(list(patches.glob("*.patch"))) if patches.is_dir() else 0
+    checks.report(
+        outcome.returncode == 0 and count > 0,
+        "--format-patch output applies with git am to a git-initialised pristine copy",
+        f"{count} patch(es); "
+        + ((outcome.stderr.strip().splitlines() or ["applied"])[0]),
+    )
 
 
 def _doctor_states(output: str) -> dict[str, str]:
@@ -248,15 +345,26 @@ def _summary(result: subprocess.CompletedProcess[str]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("venv", type=Path, help="a virtual environment with vLLM")
+    parser.add_argument(
+        "--fork",
+        type=Path,
+        metavar="TARBALL",
+        help="a fork's vllm/ package as a .tar.gz, checked instead of VENV's copy",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary tree")
     args = parser.parse_args()
     if not (args.venv / "bin" / "python").is_file():
         print(f"{args.venv} is not a virtual environment (no bin/python).")
         return 3
+    if args.fork is not None and not (
+        args.fork.is_file() and tarfile.is_tarfile(args.fork)
+    ):
+        print(f"{args.fork} is not a tarball of a vllm/ package.")
+        return 3
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="graphsafe-backport-"))
     try:
-        checks = verify(args.venv, workdir)
+        checks = verify(args.venv, workdir, args.fork)
     finally:
         if args.keep:
             print(f"kept {workdir}")
