@@ -435,3 +435,22 @@ def test_a_directory_without_records_is_said_to_hold_none(tmp_path: Path) -> Non
         f"{tmp_path} holds no vllm-graphsafe statistics: no vLLM process has "
         "written there (is it the directory GRAPHSAFE_STATS_DIR names?)."
     ]
+
+
+def test_a_process_under_a_server_that_does_not_serve_writes_no_statistics(
+    tmp_path: Path,
+) -> None:
+    # vLLM's model-inspection subprocess inherits both directories from the API
+    # server; /metrics leaves it out, so the statistics must too.
+    stats_dir = tmp_path / "stats"
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir(mode=0o700)
+    code = """
+        from vllm_graphsafe import plugin
+        plugin.configure_counts()
+    """
+    env = {"GRAPHSAFE_STATS_DIR": str(stats_dir), "GRAPHSAFE_METRICS_DIR": str(metrics_dir)}
+    process = child(code, env)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    assert not stats_dir.exists() or list(stats_dir.glob("*.json")) == []
+    assert list(metrics_dir.iterdir()) == []
