@@ -59,7 +59,7 @@ class LocalServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     #: The environment the server was started with, where it is known.
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None
 
     def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
         """The server's command as a shell line that starts it again."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.cli import demo
 from vllm_graphsafe.cli.main import build_parser
 
@@ -135,7 +136,7 @@ def test_the_module_form_of_the_server_is_explained_where_it_is_shown() -> None:
     demo_section = readme.split("## The demo", 1)[1].split("\n## ", 1)[0]
     known_issues = readme.split("## Known issues", 1)[1].split("\n## ", 1)[0]
     assert "vllm serve MODEL" in demo_section
-    assert "vllm.entrypoints.openai.api_server" in demo_section
+    assert f"python -m {vllm_layout.OPENAI_API_SERVER}" in demo_section
     assert 'importlib.metadata.version("vllm")' in known_issues
     # The demo says why next to the command it prints.
     assert "`vllm serve`" in demo.MODULE_FORM_NOTE

@@ -130,7 +130,9 @@ def readme_values(variable: str) -> str:
     raise AssertionError(f"{variable} has no row in the README's settings table")
 
 
-@pytest.mark.parametrize("variable", ["GRAPHSAFE_STRICT", "GRAPHSAFE_EMULATE_GRAPH_HAZARD"])
+@pytest.mark.parametrize(
+    "variable", ["GRAPHSAFE_STRICT", "GRAPHSAFE_EMULATE_GRAPH_HAZARD"]
+)
 def test_the_readme_lists_every_value_a_switch_accepts_and_what_it_means(
     variable: str,
 ) -> None:
@@ -142,7 +144,9 @@ def test_the_readme_lists_every_value_a_switch_accepts_and_what_it_means(
 
     def reads(value: str) -> tuple[bool, tuple[str, ...]]:
         read = read_settings({variable: value}, patch_ids=IDS)
-        flag = read.strict if variable == "GRAPHSAFE_STRICT" else read.emulate_graph_hazard
+        flag = (
+            read.strict if variable == "GRAPHSAFE_STRICT" else read.emulate_graph_hazard
+        )
         return flag, read.problems
 
     # What the table says is what the reader does, also in upper case ...

@@ -449,7 +449,10 @@ def test_a_process_under_a_server_that_does_not_serve_writes_no_statistics(
         from vllm_graphsafe import plugin
         plugin.configure_counts()
     """
-    env = {"GRAPHSAFE_STATS_DIR": str(stats_dir), "GRAPHSAFE_METRICS_DIR": str(metrics_dir)}
+    env = {
+        "GRAPHSAFE_STATS_DIR": str(stats_dir),
+        "GRAPHSAFE_METRICS_DIR": str(metrics_dir),
+    }
     process = child(code, env)
     assert process.returncode == 0, process.stderr.read() if process.stderr else ""
     assert not stats_dir.exists() or list(stats_dir.glob("*.json")) == []
