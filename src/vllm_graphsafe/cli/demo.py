@@ -61,6 +61,8 @@ MODULE_FORM_NOTE = (
     "same options.)"
 )
 PROGRESS_EVERY_S = 10.0
+#: A server still running this long after its signal is killed.
+STOP_WITHIN_S = 8.0
 
 
 class Stopped(Exception):
@@ -141,6 +143,13 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def stop(server: LocalServer, what: str) -> None:
+    """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``."""
+    if server.process.poll() is None:
+        print(f"stopping {what} (pid {server.process.pid}) ...", flush=True)
+    server.stop(timeout=STOP_WITHIN_S)
 
 
 def startup_failure(server: LocalServer, reason: str) -> str:
@@ -228,9 +237,13 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
     stats_dir = workdir / "stats"
+    server_tmp = workdir / "tmp"
+    server_tmp.mkdir()
     overrides = {
         STATS_DIR_ENV: str(stats_dir),
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+        # What a server killed mid-start leaves there goes with the demo's directory.
+        "TMPDIR": str(server_tmp),
     }
     if args.without_plugin:
         overrides[DISABLE_ENV] = "all"
@@ -261,7 +274,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             return status
         return _show_hazard(args, server, overrides, cache_dir) or status
     finally:
-        server.stop()
+        stop(server, "the vLLM server")
         print("server stopped", flush=True)
 
 
@@ -308,7 +321,7 @@ def _show_hazard(
             print(error, file=sys.stderr)
             return EXIT_HAZARD_NOT_SHOWN
     finally:
-        before.stop()
+        stop(before, "the second vLLM server")
         print("second server stopped", flush=True)
     return 0 if shown else EXIT_HAZARD_NOT_SHOWN
 
