@@ -145,6 +145,23 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+#: vLLM names its IPC sockets ``$TMPDIR/<uuid4>``; a socket path holds 107 bytes.
+IPC_NAME_ROOM = 107 - len("/00000000-0000-0000-0000-000000000000")
+SERVER_TEMP_DIRS: list[Path] = []
+
+
+def server_temp_dir(workdir: Path) -> Path:
+    """The server's ``TMPDIR``: inside the demo's directory where vLLM's socket
+    names fit, else a short one of its own; removed with the demo's."""
+    inside = workdir / "tmp"
+    if len(str(inside)) <= IPC_NAME_ROOM:
+        inside.mkdir()
+        return inside
+    short = Path(tempfile.mkdtemp(prefix="gs-demo-", dir="/tmp"))
+    SERVER_TEMP_DIRS.append(short)
+    return short
+
+
 def stop(server: LocalServer, what: str) -> None:
     """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``."""
     if server.process.poll() is None:
@@ -220,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        for extra in SERVER_TEMP_DIRS:
+            shutil.rmtree(extra, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
@@ -237,8 +256,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
     stats_dir = workdir / "stats"
-    server_tmp = workdir / "tmp"
-    server_tmp.mkdir()
+    server_tmp = server_temp_dir(workdir)
     overrides = {
         STATS_DIR_ENV: str(stats_dir),
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
