@@ -87,7 +87,7 @@ def configure_counts(settings: Settings | None = None) -> None:
     if speaks:
         warn_once(logger, settings)
     directories: list[Path] = []
-    if settings.stats_dir:
+    if settings.stats_dir and not inherits_without_serving(settings):
         stats_dir = Path(settings.stats_dir)
         try:
             make_private_directory(stats_dir)
@@ -109,6 +109,18 @@ def configure_counts(settings: Settings | None = None) -> None:
         metrics_dir if speaks else None, speaks
     )
     counts.STATS.configure(*directories)
+
+
+def inherits_without_serving(settings: Settings) -> bool:
+    """Whether this process runs under a server without serving it (vLLM's
+    model-inspection subprocess, a script started from the server's
+    environment): it stays out of the statistics as it stays out of
+    ``/metrics``, so that both count the same processes."""
+    return (
+        settings.metrics_dir is not None
+        and not roles.is_root_process()
+        and not roles.serves_vllm()
+    )
 
 
 def prepare_metrics_directory(settings: Settings | None = None) -> Path | None:

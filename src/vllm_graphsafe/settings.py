@@ -28,8 +28,11 @@ DEPRECATED_NAMES = {
 }
 DISABLE_ALL = frozenset({"all", "*"})
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
+#: What a switch accepts, in any case and with surrounding spaces; empty is off.
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("0", "false", "no", "off")
+_TRUE = frozenset(TRUE_VALUES)
+_FALSE = frozenset({"", *FALSE_VALUES})
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
         return True
     if value not in _FALSE:
         problems.append(
-            f"{name}={raw!r} is not a boolean (use 1 or 0); it is read as off."
+            f"{name}={raw!r} is neither on ({', '.join(TRUE_VALUES)}) nor off "
+            f"({', '.join(FALSE_VALUES)}); it is read as off."
         )
     return False
 

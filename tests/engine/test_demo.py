@@ -151,3 +151,47 @@ def test_sigterm_to_the_demo_stops_its_whole_server(tmp_path: Path) -> None:
     assert live_group_members(server_pid) == []
     assert port_is_free(port)
     assert ours(temp_dir) == []
+
+
+def test_ctrl_c_during_start_up_says_so_at_once_stops_soon_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    process = subprocess.Popen(
+        demo_command(model_cache(tmp_path), "--no-hazard"),
+        env=demo_env(temp_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server_pid = None
+    seen: list[str] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            seen.append(line)
+            found = re.search(r"server pid (\d+)", line)
+            if found:
+                server_pid = int(found.group(1))
+                break
+        assert server_pid is not None, "".join(seen)
+        time.sleep(8)  # the server is loading the model, not yet healthy
+        process.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        announced = process.stdout.readline()
+        said_after = time.monotonic() - interrupted
+        rest, _ = process.communicate(timeout=60)
+        stopped_after = time.monotonic() - interrupted
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert announced.startswith(f"stopping the vLLM server (pid {server_pid})"), (
+        announced + rest
+    )
+    assert said_after < 2, said_after
+    assert stopped_after < 12, stopped_after
+    assert process.returncode == demo.EXIT_INTERRUPTED, rest
+    assert live_group_members(server_pid) == []
+    assert ours(temp_dir) == []

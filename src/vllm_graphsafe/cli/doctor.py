@@ -106,8 +106,10 @@ def collect_report(
     import_modules: bool,
     stats_dir: str | None,
     settings: Settings | None = None,
+    stats_dir_from_environment: bool = False,
 ) -> dict[str, Any]:
-    """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``."""
+    """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``
+    (a missing directory only when ``--stats-dir`` named it)."""
     from vllm_graphsafe.fixes import all_patches
 
     registry = Registry(all_patches())
@@ -152,9 +154,15 @@ def collect_report(
         "ok": all(patch.state in _SATISFIED for patch in registry.patches),
     }
     if stats_dir:
-        from vllm_graphsafe.counts import read_stats_dir
+        from vllm_graphsafe.counts import NoStatisticsYet, read_stats_dir
 
-        report["dispatch_stats"] = read_stats_dir(stats_dir)
+        try:
+            report["dispatch_stats"] = read_stats_dir(stats_dir)
+        except NoStatisticsYet as missing:
+            if not stats_dir_from_environment:
+                raise
+            # Set before any server started: nothing has been written yet.
+            report["dispatch_stats_note"] = str(missing)
     return report
 
 
@@ -222,6 +230,8 @@ def render_report(report: dict[str, Any]) -> str:
         from vllm_graphsafe.counts import render_stats
 
         lines += ["", *render_stats(stats)]
+    if report.get("dispatch_stats_note"):
+        lines += ["", report["dispatch_stats_note"]]
     lines += [
         "",
         "every fix this vLLM needs is active"
@@ -262,7 +272,12 @@ def run(args: argparse.Namespace) -> int:
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:
-        report = collect_report(args.import_modules, stats_dir, settings)
+        report = collect_report(
+            args.import_modules,
+            stats_dir,
+            settings,
+            stats_dir_from_environment=args.stats_dir is None,
+        )
     except StatsDirError as error:
         print(str(error), file=sys.stderr)
         return EXIT_BAD_STATS_DIR

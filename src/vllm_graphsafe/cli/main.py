@@ -8,11 +8,15 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vllm_graphsafe import __version__
     from vllm_graphsafe.cli import backport, demo, doctor, probe
 
     parser = argparse.ArgumentParser(
         prog="vllm-graphsafe",
         description="Phase-safe CUDA graph dispatch for vLLM: status, checks and demo.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module, summary in (

@@ -13,6 +13,7 @@ from __future__ import annotations
 from vllm_graphsafe.counts.counter import STATS, DispatchStats
 from vllm_graphsafe.counts.private_files import UnsafeTargetError
 from vllm_graphsafe.counts.records import (
+    NoStatisticsYet,
     StatsDirError,
     check_record,
     read_process_files,
@@ -36,6 +37,7 @@ __all__ = [
     "ROLE_WORKER",
     "STATS",
     "DispatchStats",
+    "NoStatisticsYet",
     "StatsDirError",
     "UnsafeTargetError",
     "check_record",

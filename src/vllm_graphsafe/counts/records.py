@@ -27,6 +27,10 @@ class StatsDirError(ValueError):
     """A statistics directory that cannot be read; ``str()`` is one sentence."""
 
 
+class NoStatisticsYet(StatsDirError):
+    """The statistics directory does not exist: no vLLM process has written there."""
+
+
 # -- writing ----------------------------------------------------------------------
 
 
@@ -92,7 +96,11 @@ def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]
     """
     path = Path(directory)
     if not path.exists():
-        raise StatsDirError(f"The statistics directory {path} does not exist.")
+        raise NoStatisticsYet(
+            f"No vLLM process has written statistics to {path} yet: the directory "
+            "does not exist (the first vLLM process started with "
+            f"GRAPHSAFE_STATS_DIR={path} creates it)."
+        )
     if not path.is_dir():
         raise StatsDirError(f"The statistics directory {path} is not a directory.")
     try:
@@ -173,4 +181,7 @@ def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises :class:`StatsDirError` (one sentence) when it cannot be read.
     """
-    return summarize(read_process_files(directory))
+    return {
+        **summarize(read_process_files(directory)),
+        "directory": str(Path(directory)),
+    }

@@ -7,6 +7,12 @@ from typing import Any
 
 def render_stats(stats: dict[str, Any]) -> list[str]:
     """Lines for a terminal: the summed counters of every process."""
+    if not stats["processes"]:
+        where = stats.get("directory") or "the statistics directory"
+        return [
+            f"{where} holds no vllm-graphsafe statistics: no vLLM process has "
+            "written there (is it the directory GRAPHSAFE_STATS_DIR names?)."
+        ]
     lines = [f"patch states in {stats['processes']} vLLM process(es):"]
     for patch_id, states in sorted(stats.get("patch_states", {}).items()):
         detail = ", ".join(f"{state} in {n}" for state, n in sorted(states.items()))

@@ -8,6 +8,7 @@ shown when it fails to start.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -57,6 +58,16 @@ class LocalServer:
     model: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    #: The environment the server was started with, where it is known.
+    env: Mapping[str, str] | None
+
+    def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
+        """The server's command as a shell line that starts it again."""
+        return shell_line(
+            [str(arg) for arg in self.process.args],  # type: ignore[union-attr]
+            self.env or {},
+            os.environ if caller_env is None else caller_env,
+        )
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
@@ -108,6 +119,22 @@ class LocalServer:
             time.sleep(0.2)
 
 
+def shell_line(
+    command: Sequence[str], env: Mapping[str, str], caller_env: Mapping[str, str]
+) -> str:
+    """``command`` as one shell line, led by each variable of ``env`` that
+    ``caller_env`` lacks or holds otherwise, so that pasted it runs the same."""
+    changed = [
+        f"{name}={shlex.quote(value)}"
+        for name, value in sorted(env.items())
+        if caller_env.get(name) != value
+    ]
+    unset = sorted(name for name in caller_env if env and name not in env)
+    prefix = [f"-u {shlex.quote(name)}" for name in unset]
+    lead = (["env", *prefix] if prefix else []) + changed
+    return " ".join([*lead, shlex.join(command)])
+
+
 def live_group_members(process_group: int) -> list[int]:
     """Pids still running (not zombies) in ``process_group``; empty off Linux."""
     members = []
@@ -146,7 +173,9 @@ def start_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return LocalServer(f"http://127.0.0.1:{port}", str(model_dir), process, log_path)
+    return LocalServer(
+        f"http://127.0.0.1:{port}", str(model_dir), process, log_path, dict(env)
+    )
 
 
 @contextmanager

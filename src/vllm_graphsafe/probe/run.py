@@ -107,7 +107,8 @@ def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
 
     late_errors: list[str] = []
     dispatch_stats = None
-    if settings.stats_dir:
+    if settings.stats_dir and error_message is None:
+        # A probe that ended early judged nothing: no statistics beside it.
         try:
             dispatch_stats = read_dispatch_stats(settings.stats_dir)
         except ProbeError as error:

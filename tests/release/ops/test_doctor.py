@@ -158,3 +158,20 @@ def test_the_catalogue_names_every_patch() -> None:
     for patch in all_patches():
         assert patch.id in result.stdout
         assert patch.title in result.stdout
+
+
+def test_a_stats_dir_no_server_has_created_yet_says_so(tmp_path: Path) -> None:
+    # GRAPHSAFE_STATS_DIR exported before the first server: the normal state, not
+    # an unreadable directory.
+    result = run_doctor(env={"GRAPHSAFE_STATS_DIR": str(tmp_path / "not-yet")})
+    assert result.returncode == doctor.EXIT_OK, result.stdout + result.stderr
+    assert "No vLLM process has written statistics to" in result.stdout
+    assert "not-yet" in result.stdout
+
+
+def test_a_stats_dir_holding_no_statistics_says_so(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("an unrelated directory")
+    result = run_doctor("--stats-dir", str(tmp_path))
+    assert result.returncode == doctor.EXIT_OK, result.stdout + result.stderr
+    assert f"{tmp_path} holds no vllm-graphsafe statistics" in result.stdout
+    assert "0 vLLM process(es)" not in result.stdout

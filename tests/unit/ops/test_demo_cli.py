@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.cli import demo
 from vllm_graphsafe.cli.main import build_parser
 
@@ -61,3 +65,79 @@ def test_help_lists_the_exit_statuses_and_only_real_flags(
     assert "exit status:" in text and "143 SIGTERM" in text
     # The probe's hints name these; the demo must have them too.
     assert "--decode-tokens" in text
+
+
+def test_the_demo_script_says_when_it_reuses_its_environment(tmp_path: Path) -> None:
+    # A prepared environment: the script must not promise a first-time install.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for name, body in (
+        ("python", "exit 0"),
+        ("pip", "exit 0"),
+        ("vllm-graphsafe", 'echo "demo ran with $*"'),
+    ):
+        tool = venv / "bin" / name
+        tool.write_text(f"#!/bin/sh\n{body}\n")
+        tool.chmod(0o755)
+    script = Path(__file__).resolve().parents[3] / "scripts" / "demo.sh"
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(script), "--no-hazard"],
+        env={**os.environ, "GRAPHSAFE_DEMO_VENV": str(venv)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "demo ran with demo --no-hazard"
+    assert f"Reusing {venv}" in result.stderr
+    assert "first time" not in result.stderr
+    # The progress ticker's sleep ends with it, not 15 s later holding the output.
+    assert time.monotonic() - started < 10
+
+
+def test_the_printed_server_command_pasted_into_a_shell_runs_the_same(
+    tmp_path: Path,
+) -> None:
+    from vllm_graphsafe.local_engine.launcher import server_environment, start_server
+
+    dump = "import json, os, sys; print(json.dumps(dict(os.environ)))"
+    caller = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GONE": "x"}
+    env = {
+        **server_environment({"GRAPHSAFE_STATS_DIR": str(tmp_path / "it's here")}),
+        "PATH": os.environ["PATH"],
+    }
+    for name in ("GONE", "PWD", "SHLVL", "_", "OLDPWD"):  # the shell sets these
+        env.pop(name, None)
+    server = start_server(
+        tmp_path / "model", env=env, log_path=tmp_path / "log", port=1
+    )
+    server.process.kill()
+    server.process.wait()
+    line = server.command_line(caller)
+    # What the server was given, as the demo prints it: the CPU settings too.
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in line
+    # Pasted into a shell whose environment is the caller's, the same command
+    # gets the same environment (the command swapped for one that shows it).
+    python = re.escape(sys.executable)
+    pasted = re.sub(rf"{python} -m \S+.*$", f"{sys.executable} -c '{dump}'", line)
+    shown = subprocess.run(
+        ["bash", "-c", pasted], env=caller, capture_output=True, text=True, check=True
+    )
+    got = json.loads(shown.stdout)
+    for name in ("PWD", "SHLVL", "_", "OLDPWD"):
+        got.pop(name, None)
+    assert got == env
+
+
+def test_the_module_form_of_the_server_is_explained_where_it_is_shown() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    demo_section = readme.split("## The demo", 1)[1].split("\n## ", 1)[0]
+    known_issues = readme.split("## Known issues", 1)[1].split("\n## ", 1)[0]
+    assert "vllm serve MODEL" in demo_section
+    assert f"python -m {vllm_layout.OPENAI_API_SERVER}" in demo_section
+    assert 'importlib.metadata.version("vllm")' in known_issues
+    # The demo says why next to the command it prints.
+    assert "`vllm serve`" in demo.MODULE_FORM_NOTE
+    assert "vllm-cpu" in demo.MODULE_FORM_NOTE

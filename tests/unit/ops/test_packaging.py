@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGED = ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "src")
 
@@ -84,3 +86,18 @@ def test_every_link_between_the_docs_pages_resolves() -> None:
         for link in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
             if "://" not in link:
                 assert (page.parent / link).is_file(), f"{page.name} links to {link}"
+
+
+def test_version_prints_the_packages_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vllm_graphsafe.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    declared = re.search(
+        r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    assert declared is not None
+    assert capsys.readouterr().out.strip() == f"vllm-graphsafe {declared.group(1)}"

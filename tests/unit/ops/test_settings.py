@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +73,8 @@ def test_a_non_boolean_strict_is_named_and_read_as_off(value: str) -> None:
     read = read_settings({"GRAPHSAFE_STRICT": value}, patch_ids=IDS)
     assert not read.strict
     assert read.problems == (
-        f"GRAPHSAFE_STRICT={value!r} is not a boolean (use 1 or 0); it is read as off.",
+        f"GRAPHSAFE_STRICT={value!r} is neither on (1, true, yes, on) nor off "
+        "(0, false, no, off); it is read as off.",
     )
 
 
@@ -115,3 +118,42 @@ def test_problems_are_warned_once_per_process(
     assert any(
         "VLLM_GRAPHSAFE_DISABLE is deprecated" in message for message in messages
     )
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_values(variable: str) -> str:
+    for line in README.read_text().splitlines():
+        if line.startswith(f"| `{variable}` |"):
+            return line.split("|")[2]
+    raise AssertionError(f"{variable} has no row in the README's settings table")
+
+
+@pytest.mark.parametrize(
+    "variable", ["GRAPHSAFE_STRICT", "GRAPHSAFE_EMULATE_GRAPH_HAZARD"]
+)
+def test_the_readme_lists_every_value_a_switch_accepts_and_what_it_means(
+    variable: str,
+) -> None:
+    cell = readme_values(variable)
+    on_part, _, off_part = cell.partition("off:")
+    on_words = re.findall(r"`([^`]+)`", on_part)
+    off_words = re.findall(r"`([^`]+)`", off_part)
+    assert on_words and off_words, cell
+
+    def reads(value: str) -> tuple[bool, tuple[str, ...]]:
+        read = read_settings({variable: value}, patch_ids=IDS)
+        flag = (
+            read.strict if variable == "GRAPHSAFE_STRICT" else read.emulate_graph_hazard
+        )
+        return flag, read.problems
+
+    # What the table says is what the reader does, also in upper case ...
+    for word in on_words:
+        assert reads(word) == (True, ()) and reads(word.upper()) == (True, ())
+    for word in [*off_words, ""]:
+        assert reads(word) == (False, ()) and reads(word.upper()) == (False, ())
+    # ... and no value the reader accepts is missing from the table.
+    for word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        assert word in on_words + off_words

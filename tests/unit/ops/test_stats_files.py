@@ -25,6 +25,7 @@ from vllm_graphsafe.counts import (
     StatsDirError,
     private_files,
     read_stats_dir,
+    render_stats,
 )
 from vllm_graphsafe.fixes import phase_events, v1_dummy_staging
 
@@ -357,7 +358,7 @@ def write(directory: Path, name: str, text: str) -> None:
 @pytest.mark.parametrize(
     ("setup", "expected"),
     [
-        (lambda d: None, "does not exist"),
+        (lambda d: None, "No vLLM process has written statistics to"),
         (lambda d: d.write_text("x"), "is not a directory"),
         (lambda d: write(d, "1.json", "{not json"), "is not valid JSON"),
         (lambda d: write(d, "1.json", "[1, 2]"), "not a JSON object"),
@@ -425,3 +426,34 @@ def test_a_multiprocessing_child_flushes_when_it_returns(tmp_path: Path) -> None
     record = json.loads((stats_dir / f"{worker_pid}.json").read_text())
     assert record["role"] == "worker"
     assert record["counts"] == {"v1-phase-dispatch": {KEPT: 7}}
+
+
+def test_a_directory_without_records_is_said_to_hold_none(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("unrelated")
+    lines = render_stats(read_stats_dir(tmp_path))
+    assert lines == [
+        f"{tmp_path} holds no vllm-graphsafe statistics: no vLLM process has "
+        "written there (is it the directory GRAPHSAFE_STATS_DIR names?)."
+    ]
+
+
+def test_a_process_under_a_server_that_does_not_serve_writes_no_statistics(
+    tmp_path: Path,
+) -> None:
+    # vLLM's model-inspection subprocess inherits both directories from the API
+    # server; /metrics leaves it out, so the statistics must too.
+    stats_dir = tmp_path / "stats"
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir(mode=0o700)
+    code = """
+        from vllm_graphsafe import plugin
+        plugin.configure_counts()
+    """
+    env = {
+        "GRAPHSAFE_STATS_DIR": str(stats_dir),
+        "GRAPHSAFE_METRICS_DIR": str(metrics_dir),
+    }
+    process = child(code, env)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    assert not stats_dir.exists() or list(stats_dir.glob("*.json")) == []
+    assert list(metrics_dir.iterdir()) == []

@@ -91,3 +91,24 @@ def test_statistics_are_checked_before_any_request_and_read_once_after_the_last(
     counts = result.report["dispatch_stats"]["counts"]
     assert counts == {STATS_PATCH: {STATS_EVENT: completions}}
     assert f"{STATS_EVENT}={completions}" in result.stderr
+
+
+def test_a_probe_that_ended_early_shows_no_statistics(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    stats_dir = tmp_path / "stats"
+    stats_dir.mkdir()
+    with RunningFakeServer(FakeConfig(stats_dir=stats_dir)) as server:
+        result = run_probe(
+            capsys,
+            tmp_path,
+            server.url,
+            "--stats-dir",
+            str(stats_dir),
+            "--model",
+            "not-the-served-one",
+        )
+    assert result.status == errors.EXIT_MODEL_MISMATCH, result.stderr
+    assert "patch states in" not in result.stderr + result.stdout
+    assert "dispatch decisions" not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
