@@ -51,7 +51,7 @@ _EARLY_GUARD = """\
 """
 
 _PHASE_GUARD = """\
-# A prompt chunk can have a decode batch's shape (vllm-project/vllm#53051).
+# A prefill chunk can have a decode batch's shape (vllm-project/vllm#53051).
 if (
     {name}
     and force_uniform_decode is None
@@ -100,7 +100,7 @@ def plan(tree: Tree) -> Plan:
         names=("GPUModelRunner._has_prefill_request",),
     )
     edit(plan, runner, edits)
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch()
+    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(name)
     return plan
 
 
