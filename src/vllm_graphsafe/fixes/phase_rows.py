@@ -16,7 +16,7 @@ but its last prompt token computed to ``1 + K`` tokens with placeholder drafts
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping
 
 import numpy as np
 
@@ -91,30 +91,6 @@ def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
     decode to the builders, the last token of a chunked prompt included)."""
     rows = computed[:num_rows]
     return len(rows) == num_rows and bool(rows.all())
-
-
-def decode_draft_counts(
-    num_scheduled: Sequence[int],
-    drafts: Sequence[int | None],
-    computed: Sequence[int],
-    prompt: Sequence[int],
-) -> np.ndarray:
-    """The builders' per-row column, derived where the runner has not filled it.
-
-    For row ``i``: ``drafts[i]`` scheduled drafts (``None`` without an entry
-    in the scheduler's ``scheduled_spec_decode_tokens``) count when the row
-    schedules exactly one more token; a one-token row past its prompt without
-    drafts counts 0; anything else is a prefill chunk, -1.
-    """
-    counts = np.full(len(num_scheduled), -1, dtype=np.int32)
-    for row, (width, num_drafts, done, length) in enumerate(
-        zip(num_scheduled, drafts, computed, prompt, strict=True)
-    ):
-        if num_drafts is not None and width == num_drafts + 1:
-            counts[row] = num_drafts
-        elif width == 1 and done >= length:
-            counts[row] = 0
-    return counts
 
 
 def any_row_scheduled(
