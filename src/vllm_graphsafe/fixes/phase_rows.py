@@ -1,11 +1,17 @@
-"""Is a scheduled batch past its prompts? The phase half of uniform *decode*.
+"""Is each scheduled row a decode? The phase half of uniform *decode*.
 
 The stock rule looks at the batch's shape only: every request schedules the
 same number of tokens. A prompt chunk of exactly ``1 + num_speculative_tokens``
-tokens has that shape too. The phase rule adds the missing half: every
-scheduled request must already have computed its whole prompt before the step.
-A computed count that runs ahead under async scheduling still counts as past
-prefill; a chunked tail with some tokens computed does not.
+tokens has that shape too. The phase rule adds the missing half.
+
+Model Runner V2 asks whether every scheduled request had computed its whole
+prompt (:class:`RowPrefix`). The V1 runner's attention metadata builders
+classify rows differently, and the V1 rule follows them
+(:func:`rows_are_speculative_decodes`, :func:`rows_have_prior_state`): a row
+resumed after preemption re-prefills output tokens past its prompt without
+drafts (a prefill to the builders), and the scheduler pads a request with all
+but its last prompt token computed to ``1 + K`` tokens with placeholder drafts
+(a decode to the builders).
 """
 
 from __future__ import annotations
@@ -62,6 +68,29 @@ class RowPrefix:
             return _NO_ROWS
         rows: np.ndarray = in_prefill.nonzero()[0]
         return rows
+
+
+def rows_are_speculative_decodes(
+    decode_draft_counts: np.ndarray, num_rows: int, num_drafts: int
+) -> bool:
+    """Whether each of the first ``num_rows`` rows is a decode of ``num_drafts``.
+
+    ``decode_draft_counts`` is the V1 runner's per-row column for its
+    attention metadata builders: a row's draft count where it schedules
+    exactly one token plus its drafts, negative for a prefill chunk (a prompt
+    chunk, or output tokens re-computed after preemption, which carry no
+    drafts).
+    """
+    counts = decode_draft_counts[:num_rows]
+    return len(counts) == num_rows and not _count_nonzero(counts != num_drafts)
+
+
+def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
+    """Without speculation: whether each of the first ``num_rows`` rows had
+    computed a token before this step (one new token over prior state is a
+    decode to the builders, the last token of a chunked prompt included)."""
+    rows = computed[:num_rows]
+    return len(rows) == num_rows and bool(rows.all())
 
 
 def any_row_scheduled(

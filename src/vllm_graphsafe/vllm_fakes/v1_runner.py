@@ -17,15 +17,30 @@ MAX_ROWS = 64
 
 @dataclass
 class Row:
-    """One persistent-batch row: its prompt, what it computed, what it schedules."""
+    """One persistent-batch row: its prompt, what it computed, what it schedules.
+
+    ``drafts``: the draft tokens the scheduler listed for it this step (its
+    ``scheduled_spec_decode_tokens`` entry), None without an entry.
+    """
 
     prompt: int
     computed: int
     scheduled: int
+    drafts: int | None = None
 
     @property
     def in_prefill(self) -> bool:
         return self.computed < self.prompt
+
+    @property
+    def decode_draft_count(self) -> int:
+        """The value vLLM 0.32's ``_prepare_inputs`` writes to the runner's
+        ``num_decode_draft_tokens`` for this row under speculation."""
+        if self.drafts is not None and self.scheduled == self.drafts + 1:
+            return self.drafts
+        if self.scheduled == 1 and self.computed >= self.prompt:
+            return 0
+        return -1
 
 
 @dataclass
@@ -58,9 +73,34 @@ def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamesp
     )
 
 
+def decode_draft_buffer(
+    rows: list[Row], stale_rows: Sequence[Row] = ()
+) -> SimpleNamespace:
+    """The runner's ``num_decode_draft_tokens`` host view as ``_prepare_inputs``
+    leaves it: one count per row, -1 past the batch (stale rows included)."""
+    counts = np.full(MAX_ROWS, -1, dtype=np.int32)
+    counts[: len(rows)] = [row.decode_draft_count for row in rows]
+    return SimpleNamespace(np=counts)
+
+
+def write_step(runner: Any, rows: list[Row]) -> None:
+    """Rewrite the runner's columns in place for a new step over ``rows``."""
+    batch = runner.input_batch
+    for index, row in enumerate(rows):
+        batch.num_computed_tokens_cpu[index] = row.computed
+        batch.num_prompt_tokens[index] = row.prompt
+    runner.num_decode_draft_tokens.np[:] = decode_draft_buffer(rows).np
+
+
 def make_runner(
-    decode_query_len: int, batch: Any, record: DispatchRecord, dp_size: int = 1
+    decode_query_len: int,
+    batch: Any,
+    record: DispatchRecord,
+    dp_size: int = 1,
+    draft_counts: Any = None,
 ) -> Any:
+    """``draft_counts``: the runner's ``num_decode_draft_tokens`` over the
+    same rows (:func:`decode_draft_buffer`); None where nothing reads it."""
     CUDAGraphMode = importlib.import_module(vllm_layout.CONFIG).CUDAGraphMode
     BatchDescriptor = importlib.import_module(
         vllm_layout.FORWARD_CONTEXT
@@ -86,6 +126,7 @@ def make_runner(
     runner.__dict__.update(
         uniform_decode_query_len=decode_query_len,
         input_batch=batch,
+        num_decode_draft_tokens=draft_counts,
         cudagraph_dispatcher=RecordingDispatcher(),
         model_config=SimpleNamespace(is_encoder_decoder=False),
         parallel_config=parallel,
@@ -97,6 +138,23 @@ def make_runner(
         ),
     )
     return runner
+
+
+def runner_over(
+    rows: list[Row],
+    decode_query_len: int,
+    record: DispatchRecord,
+    dp_size: int = 1,
+    stale_rows: Sequence[Row] = (),
+) -> Any:
+    """A runner whose batch and draft counts both describe ``rows``."""
+    return make_runner(
+        decode_query_len,
+        input_batch(rows, stale_rows),
+        record,
+        dp_size,
+        decode_draft_buffer(rows, stale_rows),
+    )
 
 
 def run_dispatch(

@@ -1,9 +1,13 @@
 """The V1 runner's real dispatch decision, on phase-ambiguous batches.
 
 Each case states the batch's rows; the expected classification is derived from
-them: uniform decode iff the shape is uniform at the decode width and no row
-is still in prefill. On a vLLM without the fix (negative control:
-``VLLM_GRAPHSAFE_DISABLE=all``) every prefill case fails.
+them: uniform decode iff the shape is uniform at the decode width and the
+attention metadata builders see every row as a decode (with K speculative
+tokens: the scheduler listed K drafts for it; without: it had computed a token
+before). On a vLLM without the fix (negative control:
+``VLLM_GRAPHSAFE_DISABLE=all``) every case the fix keeps off the decode graph
+fails; with the rule replaced by the prompt-length predicate
+(``--prompt-length-rule``) the re-prefill and padded-tail cases fail.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ from vllm_graphsafe.vllm_fakes.v1_runner import (
     DispatchRecord,
     Row,
     UntouchableBatch,
-    input_batch,
     make_runner,
     run_dispatch,
+    runner_over,
+    write_step,
 )
 
 SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
+
+
+def decoding(prompt: int, computed: int, q: int) -> Row:
+    """A request past its prompt that schedules its token and its q - 1 drafts."""
+    return Row(prompt=prompt, computed=computed, scheduled=q, drafts=q - 1)
 
 
 def fresh_prompt(q: int) -> list[Row]:
@@ -44,69 +54,123 @@ def prefix_cache_hit(q: int) -> list[Row]:
 
 
 def decodes_plus_prefill(q: int) -> list[Row]:
-    decodes = [Row(prompt=20, computed=20 + 9 * i, scheduled=q) for i in range(3)]
+    decodes = [decoding(20, 20 + 9 * i, q) for i in range(3)]
     return [*decodes, Row(prompt=q, computed=0, scheduled=q)]
 
 
 def prefill_between_decodes(q: int) -> list[Row]:
     return [
-        Row(prompt=30, computed=41, scheduled=q),
+        decoding(30, 41, q),
         Row(prompt=100 + q, computed=100, scheduled=q),
-        Row(prompt=7, computed=12, scheduled=q),
+        decoding(7, 12, q),
     ]
+
+
+def preemption_reprefill(q: int) -> list[Row]:
+    """Resumed after preemption: re-computes earlier output tokens, no drafts."""
+    return [Row(prompt=10, computed=17, scheduled=q)]
+
+
+def reprefill_beside_decodes(q: int) -> list[Row]:
+    return [decoding(20, 33, q), Row(prompt=10, computed=17, scheduled=q)]
+
+
+def padded_prompt_tail(q: int) -> list[Row]:
+    """All but the last prompt token computed (a full prefix-cache hit, a
+    remote-KV admission): the scheduler pads it with q - 1 placeholder drafts."""
+    return [Row(prompt=129, computed=128, scheduled=q, drafts=q - 1)]
+
+
+def padded_tail_beside_decodes(q: int) -> list[Row]:
+    return [decoding(40, 52, q), *padded_prompt_tail(q), decoding(8, 9, q)]
 
 
 def all_decode(q: int) -> list[Row]:
-    return [Row(prompt=10 + i, computed=25 + 3 * i, scheduled=q) for i in range(4)]
+    return [decoding(10 + i, 25 + 3 * i, q) for i in range(4)]
 
 
 def just_finished_prompts(q: int) -> list[Row]:
-    return [Row(prompt=40, computed=40, scheduled=q) for _ in range(2)]
+    return [decoding(40, 40, q) for _ in range(2)]
 
 
 def optimistic_async_decode(q: int) -> list[Row]:
-    return [Row(prompt=16, computed=16 + 2 * q + 5, scheduled=q) for _ in range(2)]
+    return [decoding(16, 16 + 2 * q + 5, q) for _ in range(2)]
 
 
-PREFILL_CASES: dict[str, Callable[[int], list[Row]]] = {
-    "fresh_prompt": fresh_prompt,
-    "equal_fresh_prompts": equal_fresh_prompts,
-    "chunked_tail": chunked_tail,
-    "prefix_cache_hit": prefix_cache_hit,
-    "decodes_plus_prefill": decodes_plus_prefill,
-    "prefill_between_decodes": prefill_between_decodes,
+CASES: dict[str, Callable[[int], list[Row]]] = {
+    case.__name__: case
+    for case in (
+        fresh_prompt,
+        equal_fresh_prompts,
+        chunked_tail,
+        prefix_cache_hit,
+        decodes_plus_prefill,
+        prefill_between_decodes,
+        preemption_reprefill,
+        reprefill_beside_decodes,
+        padded_prompt_tail,
+        padded_tail_beside_decodes,
+        all_decode,
+        just_finished_prompts,
+        optimistic_async_decode,
+    )
 }
-DECODE_CASES: dict[str, Callable[[int], list[Row]]] = {
-    "all_decode": all_decode,
-    "just_finished_prompts": just_finished_prompts,
-    "optimistic_async_decode": optimistic_async_decode,
-}
-CASES = {**PREFILL_CASES, **DECODE_CASES}
 PATCH_ID = "v1-phase-dispatch"
 
 
-def case_params(names: list[str]) -> list[object]:
-    """Prefill cases are regressions of the fix; decode cases guard FULL graphs."""
-    return [
-        pytest.param(name, marks=pytest.mark.regression(PATCH_ID))
-        if name in PREFILL_CASES
-        else name
-        for name in names
-    ]
+def uniform_shape(rows: list[Row], decode_query_len: int) -> bool:
+    return all(row.scheduled == decode_query_len for row in rows)
+
+
+def builders_see_decodes(rows: list[Row], decode_query_len: int) -> bool:
+    """Every row a decode to the metadata builders, from the rows alone."""
+    if decode_query_len > 1:
+        return all(row.drafts == decode_query_len - 1 for row in rows)
+    return all(row.computed > 0 for row in rows)
 
 
 def expected_uniform_decode(rows: list[Row], decode_query_len: int) -> bool:
-    same_width = all(row.scheduled == decode_query_len for row in rows)
-    return same_width and not any(row.in_prefill for row in rows)
+    return uniform_shape(rows, decode_query_len) and builders_see_decodes(
+        rows, decode_query_len
+    )
 
 
-@pytest.mark.parametrize("case", case_params(sorted(CASES)))
-@pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
-def test_real_step_classification(case: str, spec_tokens: int) -> None:
+def by_prompt_length(rows: list[Row], decode_query_len: int) -> bool:
+    """The earlier predicate: every row had computed its whole prompt."""
+    return uniform_shape(rows, decode_query_len) and not any(
+        row.in_prefill for row in rows
+    )
+
+
+def classification_params(
+    keep: Callable[[list[Row], int], bool] = lambda rows, q: True,
+    names: tuple[str, ...] = tuple(CASES),
+    spec_tokens_list: tuple[int, ...] = tuple(SPEC_TOKENS),
+) -> list[object]:
+    """(case, spec_tokens) pairs; where the fix overturns the shape answer the
+    pair is a regression of the fix."""
+    params: list[object] = []
+    for name in names:
+        for spec_tokens in spec_tokens_list:
+            q = spec_tokens + 1
+            rows = CASES[name](q)
+            if not keep(rows, q):
+                continue
+            overturned = uniform_shape(rows, q) and not expected_uniform_decode(rows, q)
+            marks = [pytest.mark.regression(PATCH_ID)] if overturned else []
+            params.append(
+                pytest.param(
+                    name, spec_tokens, marks=marks, id=f"{name}-K{spec_tokens}"
+                )
+            )
+    return params
+
+
+def check_classification(case: str, spec_tokens: int) -> None:
     q = spec_tokens + 1
     rows = CASES[case](q)
     record = DispatchRecord()
-    runner = make_runner(q, input_batch(rows), record)
+    runner = runner_over(rows, q, record)
 
     counts.STATS.reset()
     run_dispatch(runner, [row.scheduled for row in rows])
@@ -115,6 +179,25 @@ def test_real_step_classification(case: str, spec_tokens: int) -> None:
     assert record.uniform_decode == [expected]
     if patch_is_applied():
         assert counts.STATS.snapshot().get(PATCH_ID) == {expected_event(rows, q): 1}
+
+
+@pytest.mark.parametrize(("case", "spec_tokens"), classification_params())
+def test_real_step_classification(case: str, spec_tokens: int) -> None:
+    check_classification(case, spec_tokens)
+
+
+@pytest.mark.parametrize(
+    ("case", "spec_tokens"),
+    classification_params(
+        lambda rows, q: by_prompt_length(rows, q) != expected_uniform_decode(rows, q)
+    ),
+)
+def test_rows_the_builders_classify_unlike_prompt_length(
+    case: str, spec_tokens: int
+) -> None:
+    """Re-prefills past the prompt stay off the graph; padded prompt tails (and,
+    without speculation, one-token prompt tails) keep it."""
+    check_classification(case, spec_tokens)
 
 
 def patch_is_applied() -> bool:
@@ -126,9 +209,9 @@ def patch_is_applied() -> bool:
 
 def expected_event(rows: list[Row], decode_query_len: int) -> str:
     """The decision counter a step must move: derived from its rows."""
-    if not all(row.scheduled == decode_query_len for row in rows):
+    if not uniform_shape(rows, decode_query_len):
         return phase_events.NON_UNIFORM
-    if any(row.in_prefill for row in rows):
+    if not builders_see_decodes(rows, decode_query_len):
         return phase_events.KEPT_OFF_DECODE
     return phase_events.UNIFORM_DECODE
 
@@ -139,7 +222,7 @@ def test_stale_rows_past_the_batch_are_ignored(spec_tokens: int) -> None:
     rows = all_decode(q)
     stale = [Row(prompt=300, computed=0, scheduled=0)]
     record = DispatchRecord()
-    runner = make_runner(q, input_batch(rows, stale_rows=stale), record)
+    runner = runner_over(rows, q, record, stale_rows=stale)
 
     run_dispatch(runner, [row.scheduled for row in rows])
 
@@ -152,27 +235,25 @@ def test_consecutive_steps_read_the_batch_as_it_is_now(spec_tokens: int) -> None
     """One runner, same batch size each step: rows change in place, then the batch."""
     q = spec_tokens + 1
     rows = all_decode(q)
-    batch = input_batch(rows)
     record = DispatchRecord()
-    runner = make_runner(q, batch, record)
+    runner = runner_over(rows, q, record)
     expected = []
 
     def step() -> None:
+        write_step(runner, rows)
         run_dispatch(runner, [row.scheduled for row in rows])
         expected.append(expected_uniform_decode(rows, q))
 
     step()
     # A finished request's row is reused, in place, by a fresh prompt.
     rows[2] = Row(prompt=q, computed=0, scheduled=q)
-    batch.num_computed_tokens_cpu[2], batch.num_prompt_tokens[2] = 0, q
     step()
     # Its prompt computed: the same arrays describe a decode batch again.
-    rows[2] = Row(prompt=q, computed=q, scheduled=q)
-    batch.num_computed_tokens_cpu[2] = q
+    rows[2] = decoding(q, q, q)
     step()
-    # The runner gets a new input batch (new arrays) with a prompt in row 0.
-    rows[0] = Row(prompt=64 + q, computed=64, scheduled=q)
-    runner.input_batch = input_batch(rows)
+    # The runner gets new columns (new arrays) with a fresh prompt in row 0.
+    rows[0] = Row(prompt=q, computed=0, scheduled=q)
+    runner = runner_over(rows, q, record)
     step()
 
     assert expected == [True, False, True, False]
@@ -187,7 +268,7 @@ def test_dummy_and_capture_runs_keep_their_classification(
     q = spec_tokens + 1
     rows = equal_fresh_prompts(q)
     record = DispatchRecord()
-    runner = make_runner(q, input_batch(rows), record)
+    runner = runner_over(rows, q, record)
 
     run_dispatch(runner, [row.scheduled for row in rows], force_uniform_decode=forced)
 
@@ -211,9 +292,18 @@ def test_non_uniform_shapes_skip_the_request_scan(
 
 
 @pytest.mark.parametrize(
-    "case", case_params(["fresh_prompt", "decodes_plus_prefill", "all_decode"])
+    ("case", "spec_tokens"),
+    classification_params(
+        names=(
+            "fresh_prompt",
+            "decodes_plus_prefill",
+            "preemption_reprefill",
+            "padded_prompt_tail",
+            "all_decode",
+        ),
+        spec_tokens_list=(0, 3),
+    ),
 )
-@pytest.mark.parametrize("spec_tokens", [0, 3])
 def test_dp_sync_receives_the_phase_aware_classification(
     case: str, spec_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,7 +320,7 @@ def test_dp_sync_receives_the_phase_aware_classification(
     monkeypatch.setattr(
         runner_module, "coordinate_batch_across_dp", coordinate_batch_across_dp
     )
-    runner = make_runner(q, input_batch(rows), record, dp_size=2)
+    runner = runner_over(rows, q, record, dp_size=2)
 
     run_dispatch(runner, [row.scheduled for row in rows])
 
@@ -249,7 +339,7 @@ def release_classifies_early_in_the_worker() -> bool:
 
 
 def parallel_runner(rows: list[Row], record: DispatchRecord, pp: int, sp: bool) -> Any:
-    runner = make_runner(4, input_batch(rows), record)
+    runner = runner_over(rows, 4, record)
     runner.parallel_config.pipeline_parallel_size = pp
     runner.compilation_config.pass_config.enable_sp = sp
     return runner
@@ -295,8 +385,8 @@ def test_pipeline_only_or_sequence_parallel_only_keeps_the_fix(
 
     with caplog.at_level("WARNING", logger="vllm.graphsafe"):
         run_dispatch(runner, [4])
-        rows[0] = Row(prompt=4, computed=4, scheduled=4)
-        runner.input_batch.num_computed_tokens_cpu[0] = 4
+        rows[0] = decoding(4, 4, 4)
+        write_step(runner, rows)
         run_dispatch(runner, [4])
 
     assert record.uniform_decode == [False, True]
@@ -340,7 +430,7 @@ def test_the_shape_rule_answers_on_the_class_without_a_runner(
 @pytest.mark.regression(PATCH_ID)
 def test_the_rule_on_a_runner_takes_keywords_or_positions() -> None:
     rows = fresh_prompt(4) * 3
-    runner = make_runner(4, input_batch(rows), DispatchRecord())
+    runner = runner_over(rows, 4, DispatchRecord())
 
     assert runner._is_uniform_decode(4, 4, 12, 3) is False
     assert runner._is_uniform_decode(4, 4, 12, 3, None) is False
@@ -390,17 +480,23 @@ def drop_batch_column(runner: Any, name: str) -> None:
     runner.input_batch = WithoutAttribute(runner.input_batch, name)
 
 
+def drop_runner_attribute(runner: Any, name: str) -> None:
+    del runner.__dict__[name]
+
+
 def drop_config(runner: Any, name: str) -> None:
     del runner.parallel_config.pipeline_parallel_size
 
 
-# The runner's ``input_batch`` itself is read by vLLM's own dispatch too.
+# What the rule reads, how to make it unreadable, and the decode query length
+# at which the rule reads it. The runner's ``input_batch`` itself is read by
+# vLLM's own dispatch too.
 READS = {
-    "num_computed_tokens_cpu": drop_batch_column,
-    "num_prompt_tokens": drop_batch_column,
+    "num_computed_tokens_cpu": (drop_batch_column, 1),
+    "num_decode_draft_tokens": (drop_runner_attribute, 4),
 }
 # ``pass_config.enable_sp`` is read by vLLM's own dispatch under pipeline parallel.
-EARLY_READS = {"pipeline_parallel_size": drop_config}
+EARLY_READS = {"pipeline_parallel_size": (drop_config, 4)}
 
 
 @pytest.mark.parametrize(
@@ -425,14 +521,15 @@ def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
 ) -> None:
     from vllm_graphsafe.registry import PatchState
 
+    drop, q = {**READS, **EARLY_READS}[name]
     record = DispatchRecord()
-    rows = fresh_prompt(4)
-    runner = make_runner(4, input_batch(rows), record)
-    {**READS, **EARLY_READS}[name](runner, name)
+    rows = fresh_prompt(q)
+    runner = runner_over(rows, q, record)
+    drop(runner, name)
 
     with caplog.at_level("WARNING", logger="vllm.graphsafe"):
-        run_dispatch(runner, [4])
-        run_dispatch(runner, [4])
+        run_dispatch(runner, [q])
+        run_dispatch(runner, [q])
 
     # vLLM's own shape answer, both times: the second step no longer asks.
     assert record.uniform_decode == [True, True]

@@ -43,6 +43,7 @@ from vllm.v1.worker.cp_utils import prepare_dcp_dummy_context_metadata
 class GPUModelRunner:
     def __init__(self):
         self.input_batch = None
+        self.num_decode_draft_tokens = None
         self.optimistic_seq_lens_cpu = None
         self.seq_lens = None
 
@@ -128,6 +129,11 @@ FIXES_PHASE = {
         "done = self.input_batch.num_prompt_tokens <= "
         "self.input_batch.num_computed_tokens_cpu",
     ),
+    "draft-counts-against-the-query-length": (
+        "HELPER",
+        "mixed = (self.num_decode_draft_tokens.np[:num_reqs]"
+        " != self.uniform_decode_query_len - 1).any()",
+    ),
 }
 
 
@@ -203,10 +209,12 @@ def test_a_helper_whose_parameter_was_renamed_fails_at_bind(tmp_path: Path) -> N
     assert "positions" in patch.reason and "read by" in patch.reason
 
 
-def test_an_input_batch_without_prompt_lengths_fails_at_bind(tmp_path: Path) -> None:
+def test_a_runner_without_draft_counts_fails_at_bind(tmp_path: Path) -> None:
     tree(tmp_path)
-    batch = tmp_path / "vllm" / "v1" / "worker" / "gpu_input_batch.py"
-    batch.write_text(batch.read_text().replace("num_prompt_tokens", "prompt_lens"))
+    runner = tmp_path / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    runner.write_text(
+        runner.read_text().replace("num_decode_draft_tokens", "decode_drafts")
+    )
     patch = decide(V1PhaseDispatchPatch(), SourceReader(root=tmp_path))
     assert patch.state is PatchState.FAILED
-    assert "num_prompt_tokens" in patch.reason
+    assert "num_decode_draft_tokens" in patch.reason

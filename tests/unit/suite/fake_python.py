@@ -6,7 +6,8 @@ doctor (``-m vllm_graphsafe.cli.main doctor --json``), pytest
 (``scripts/verify_backport.py VENV``) -- the way ``FAKE_SCENARIO`` says:
 
 - ``good``: the doctor reports one applied patch, every ordinary run passes,
-  the negative control fails on assertions, as a healthy release does.
+  the negative control and the patch's extra controls fail on assertions, as
+  a healthy release does.
 - ``crash``: pytest dies of SIGABRT before writing any report.
 - ``no-junit``: pytest exits 1 and writes no report.
 - ``no-tests``: pytest collects nothing (exit 5, an empty report).
@@ -24,6 +25,12 @@ from pathlib import Path
 
 SCENARIO = os.environ["FAKE_SCENARIO"]
 TESTS = 3
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
+from vllm_graphsafe.fixes import all_fixes  # noqa: E402
+
+#: The options that remove one piece of a fix (``Fix.extra_controls``).
+CONTROL_OPTIONS = {c.option for fix in all_fixes() for c in fix.extra_controls}
 
 
 def junit(path: str, failures: int = 0, errors: int = 0, tests: int = TESTS) -> None:
@@ -46,7 +53,8 @@ def doctor() -> int:
 
 def pytest(args: list[str]) -> int:
     report = next(a.split("=", 1)[1] for a in args if a.startswith("--junitxml="))
-    negative = any(a.startswith("--negative-control") for a in args)
+    negative_control = any(a.startswith("--negative-control") for a in args)
+    negative = negative_control or any(a in CONTROL_OPTIONS for a in args)
     if SCENARIO == "crash":
         os.abort()
     if SCENARIO == "no-junit":
@@ -54,7 +62,7 @@ def pytest(args: list[str]) -> int:
     if SCENARIO == "no-tests":
         junit(report, tests=0)
         return 5
-    if negative and SCENARIO == "negative-errors":
+    if negative_control and SCENARIO == "negative-errors":
         junit(report, errors=TESTS)
         return 1
     if negative:

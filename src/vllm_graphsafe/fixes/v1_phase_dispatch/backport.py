@@ -21,15 +21,22 @@ from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
 _HAS_PREFILL_METHOD = '''\
 def _has_prefill_request(self, num_reqs: int) -> bool:
-    """Whether a scheduled request had not computed its whole prompt before
-    this step, which makes the batch a prefill whatever its shape.
+    """Whether a scheduled request is not a decode as the attention metadata
+    builders see it, which makes the batch a prefill whatever its shape.
+
+    With speculation, _prepare_inputs has counted each row's drafts where the
+    row schedules exactly 1 + its drafts (-1 for a prefill chunk, including
+    output tokens re-computed after preemption); without, a decode schedules
+    one token over prior state.
     """
-{early_guard}    return bool(
-        (
-            self.input_batch.num_computed_tokens_cpu[:num_reqs]
-            < self.input_batch.num_prompt_tokens[:num_reqs]
-        ).any()
-    )
+{early_guard}    if self.uniform_decode_query_len > 1:
+        return bool(
+            (
+                self.num_decode_draft_tokens.np[:num_reqs]
+                != self.uniform_decode_query_len - 1
+            ).any()
+        )
+    return bool((self.input_batch.num_computed_tokens_cpu[:num_reqs] == 0).any())
 
 '''
 
@@ -44,7 +51,7 @@ _EARLY_GUARD = """\
 """
 
 _PHASE_GUARD = """\
-# A prompt chunk can have a decode batch's shape (vllm-project/vllm#53051).
+# A prefill chunk can have a decode batch's shape (vllm-project/vllm#53051).
 if (
     {name}
     and force_uniform_decode is None
@@ -63,6 +70,7 @@ def plan(tree: Tree) -> Plan:
         if parameter not in recognition.parameter_names(dispatch):
             raise MissingSymbolError(f"parameter {parameter} of {owner}")
     require_attributes(tree, V1_INPUT_BATCH, "InputBatch", _V1_PHASE_COLUMNS)
+    require_attributes(tree, V1_RUNNER, "GPUModelRunner", _V1_RUNNER_COLUMNS)
     classification = direct_call_assignment(dispatch, "_is_uniform_decode", owner)
     name = classification.targets[0].id  # type: ignore[attr-defined]
     worker = tree.source(V1_WORKER).tree if tree.exists(V1_WORKER) else None
@@ -92,8 +100,9 @@ def plan(tree: Tree) -> Plan:
         names=("GPUModelRunner._has_prefill_request",),
     )
     edit(plan, runner, edits)
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch()
+    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(name)
     return plan
 
 
-_V1_PHASE_COLUMNS = ("num_computed_tokens_cpu", "num_prompt_tokens")
+_V1_PHASE_COLUMNS = ("num_computed_tokens_cpu",)
+_V1_RUNNER_COLUMNS = ("num_decode_draft_tokens", "uniform_decode_query_len")

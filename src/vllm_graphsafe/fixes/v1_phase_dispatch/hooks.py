@@ -19,7 +19,10 @@ from vllm_graphsafe.fixes.phase_events import (
     NON_UNIFORM,
     UNIFORM_DECODE,
 )
-from vllm_graphsafe.fixes.phase_rows import RowPrefix
+from vllm_graphsafe.fixes.phase_rows import (
+    rows_are_speculative_decodes,
+    rows_have_prior_state,
+)
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
 from vllm_graphsafe.registry import (
     HookPoint,
@@ -50,8 +53,11 @@ _SHAPE_RULE_NAME = SHAPE_RULE.rsplit(".", 1)[-1]
 _DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
 _COMPUTED_NAMES = {"num_computed_tokens_cpu", "num_computed_tokens"}
 _PROMPT_NAMES = {"num_prompt_tokens"}
+_DRAFT_COUNT_NAMES = {"num_decode_draft_tokens"}
+_QUERY_LEN_NAMES = {"uniform_decode_query_len"}
 _READING = (
-    "GPUModelRunner.input_batch (num_computed_tokens_cpu, num_prompt_tokens) "
+    "GPUModelRunner.num_decode_draft_tokens, GPUModelRunner.input_batch "
+    "(num_computed_tokens_cpu) "
     "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp"
 )
 
@@ -145,13 +151,11 @@ class PhaseAwareShapeRule:
     def bind(self, runner: Any) -> Callable[..., bool]:
         """The phase-aware rule for ``runner``; runs once per step.
 
-        The first ``num_reqs`` rows of the input batch's phase columns are
-        sliced once per batch size and kept, as long as the batch keeps the
-        same columns.
+        It reads the rows as the runner's ``_prepare_inputs`` classified them
+        for the attention metadata builders, just before this dispatch.
         """
         shape_rule, on_failure = self.rule, self.on_failure
         count = counts.STATS.counter(PATCH_ID)
-        prefixes: dict[int, RowPrefix] = {}
         # [None] until the first uniform real step, then whether it classifies early.
         early: list[bool | None] = [None if self.early_classification else False]
 
@@ -179,20 +183,9 @@ class PhaseAwareShapeRule:
                     return uniform
                 if early[0] is None:
                     early[0] = _classifies_before_state_update(runner)
-                if early[0]:
-                    count(UNIFORM_DECODE)
-                    return uniform
-                batch = runner.input_batch
-                computed = batch.num_computed_tokens_cpu
-                prompt = batch.num_prompt_tokens
-                prefix = prefixes.get(num_reqs)
-                if (
-                    prefix is None
-                    or prefix.computed is not computed
-                    or prefix.prompt is not prompt
+                if early[0] or rows_are_decodes(
+                    runner, num_reqs, uniform_decode_query_len
                 ):
-                    prefix = prefixes[num_reqs] = RowPrefix(computed, prompt, num_reqs)
-                if prefix.past_prefill():
                     count(UNIFORM_DECODE)
                     return uniform
                 count(KEPT_OFF_DECODE)
@@ -202,6 +195,15 @@ class PhaseAwareShapeRule:
                 return uniform
 
         return phase_aware_is_uniform_decode
+
+
+def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
+    """Whether the runner's builders see each of the first rows as a decode."""
+    if decode_query_len > 1:
+        return rows_are_speculative_decodes(
+            runner.num_decode_draft_tokens.np, num_reqs, decode_query_len - 1
+        )
+    return rows_have_prior_state(runner.input_batch.num_computed_tokens_cpu, num_reqs)
 
 
 def bind_phase_aware_shape_rule(
@@ -214,7 +216,9 @@ def bind_phase_aware_shape_rule(
 
 
 def native_reason(sources: SourceReader) -> str | None:
-    """The V1 runner's own classification compares computed with prompt lengths."""
+    """The V1 runner's own classification reads each row's phase: it compares
+    computed with prompt lengths, or the builders' draft counts with the decode
+    query length."""
     dispatch = sources.function_node(RUNNER_MODULE, DISPATCH)
     candidates = [SHAPE_RULE, DISPATCH]
     if dispatch is not None:
@@ -224,10 +228,12 @@ def native_reason(sources: SourceReader) -> str | None:
         ]
     for qualname in dict.fromkeys(candidates):
         node = sources.function_node(RUNNER_MODULE, qualname)
-        if node is not None and recognition.compares_names(
-            node, _COMPUTED_NAMES, _PROMPT_NAMES
-        ):
+        if node is None:
+            continue
+        if recognition.compares_names(node, _COMPUTED_NAMES, _PROMPT_NAMES):
             return f"{qualname} compares computed with prompt lengths"
+        if recognition.compares_names(node, _DRAFT_COUNT_NAMES, _QUERY_LEN_NAMES):
+            return f"{qualname} compares draft counts with the decode query length"
     return None
 
 
@@ -249,7 +255,7 @@ class V1PhaseDispatchPatch(Patch):
                 INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", SHAPE_RULE
             ),
             SetsAttribute(
-                INPUT_BATCH_MODULE, "InputBatch", "num_prompt_tokens", SHAPE_RULE
+                RUNNER_MODULE, "GPUModelRunner", "num_decode_draft_tokens", SHAPE_RULE
             ),
         ]
         if worker_classifies_early(self.sources):

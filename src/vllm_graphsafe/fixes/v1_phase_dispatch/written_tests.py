@@ -2,7 +2,12 @@
 
 They exercise the edited vLLM code directly (no GPU, no model, no plugin), pass
 on the edited tree and fail on the pristine one. Their oracles are closed
-forms of the batch they build, never the code under test.
+forms of the rows they state, never the code under test. They test the edit
+where it is made: the predicate the backport adds, and the dispatch's
+classification right after the call that the backport guards, as the rest of
+the dispatch consumes it. The dispatch runs on a runner that holds only what
+the classification reads and stops at its first read of anything else, so a
+fork that reads more in the rest of its dispatch does not break them.
 """
 
 from __future__ import annotations
@@ -10,136 +15,148 @@ from __future__ import annotations
 from vllm_graphsafe.backport.plan import WRITTEN_TEST_HEADER as HEADER
 
 _V1_PHASE_DISPATCH = '''\
-"""The V1 runner keeps prompt chunks off the uniform decode CUDA graph.
+"""The V1 runner keeps non-decode rows off the uniform decode CUDA graph.
 
-A prompt chunk of exactly 1 + num_speculative_tokens tokens has a uniform
-decode batch's shape (vllm-project/vllm#53051). Each case states its rows; the
-expected classification follows from them: uniform decode iff every request
-schedules the decode query length and had computed its whole prompt.
+A prefill chunk of exactly 1 + num_speculative_tokens tokens has a uniform
+decode batch's shape (vllm-project/vllm#53051). Each case states its rows as
+_prepare_inputs leaves them for the attention metadata builders; the expected
+classification follows from them: uniform decode iff every request schedules
+the decode query length and is a decode to the builders (with speculation: it
+has query length - 1 drafts; without: it had computed a token before).
 """
 
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from vllm.config import CUDAGraphMode
-from vllm.forward_context import BatchDescriptor
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 MAX_ROWS = 16
+NO_DRAFTS = -1
 
 
-def _runner(rows, decode_query_len, stale_rows=()):
-    """A runner with just the state the dispatch decision reads."""
+def _runner(rows, decode_query_len):
+    """A runner holding only what the classification reads.
+
+    rows: (num_computed, decode_draft_count) per scheduled row; the count is
+    -1 for a prefill chunk, as _prepare_inputs writes it.
+    """
     computed = np.zeros(MAX_ROWS, dtype=np.int32)
-    prompt = np.zeros(MAX_ROWS, dtype=np.int32)
-    for index, (num_prompt, num_computed, _) in enumerate([*rows, *stale_rows]):
-        prompt[index] = num_prompt
+    drafts = np.full(MAX_ROWS, NO_DRAFTS, dtype=np.int32)
+    for index, (num_computed, num_drafts) in enumerate(rows):
         computed[index] = num_computed
-    decisions = []
-
-    class RecordingDispatcher:
-        def dispatch(self, num_tokens, uniform_decode, **kwargs):
-            decisions.append(bool(uniform_decode))
-            mode = CUDAGraphMode.FULL if uniform_decode else CUDAGraphMode.PIECEWISE
-            return mode, BatchDescriptor(num_tokens=num_tokens)
-
+        drafts[index] = num_drafts
     runner = object.__new__(GPUModelRunner)
-    parallel = SimpleNamespace(
-        data_parallel_size=1,
-        data_parallel_rank=0,
-        tensor_parallel_size=1,
-        pipeline_parallel_size=1,
-    )
-    compilation = SimpleNamespace(pass_config=SimpleNamespace(enable_sp=False))
     runner.__dict__.update(
         uniform_decode_query_len=decode_query_len,
-        input_batch=SimpleNamespace(
-            num_computed_tokens_cpu=computed,
-            num_prompt_tokens=prompt,
-            num_reqs=len(rows),
-            lora_id_to_lora_request={},
-        ),
-        cudagraph_dispatcher=RecordingDispatcher(),
-        model_config=SimpleNamespace(is_encoder_decoder=False),
-        parallel_config=parallel,
-        compilation_config=compilation,
-        vllm_config=SimpleNamespace(
-            parallel_config=parallel,
-            compilation_config=compilation,
-            observability_config=SimpleNamespace(cudagraph_metrics=False),
+        input_batch=SimpleNamespace(num_computed_tokens_cpu=computed),
+        num_decode_draft_tokens=SimpleNamespace(np=drafts),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1),
+        compilation_config=SimpleNamespace(
+            pass_config=SimpleNamespace(enable_sp=False)
         ),
     )
-    return runner, decisions
+    return runner
 
 
-def _dispatch(runner, scheduled, force_uniform_decode=None):
-    kwargs = {}
+def _is_decode(row, decode_query_len):
+    num_computed, num_drafts = row
+    if decode_query_len > 1:
+        return num_drafts == decode_query_len - 1
+    return num_computed > 0
+
+
+def _classification(runner, num_reqs, force_uniform_decode=None):
+    """The dispatch's uniform-decode answer, as the rest of it consumes it.
+
+    The dispatch runs until it reads state this runner was not given, past
+    the classification; the answer is read from the dispatch's frame there.
+    """
+    dispatch = inspect.unwrap(GPUModelRunner._determine_batch_execution_and_padding)
+    q = runner.uniform_decode_query_len
+    kwargs = {{}}
     if force_uniform_decode is not None:
         kwargs["force_uniform_decode"] = force_uniform_decode
-    runner._determine_batch_execution_and_padding(
-        num_tokens=sum(scheduled),
-        num_reqs=len(scheduled),
-        num_scheduled_tokens_np=np.array(scheduled, dtype=np.int32),
-        max_num_scheduled_tokens=max(scheduled),
-        use_cascade_attn=False,
-        **kwargs,
-    )
+    with pytest.raises(AttributeError) as stopped:
+        dispatch(
+            runner,
+            num_tokens=q * num_reqs,
+            num_reqs=num_reqs,
+            num_scheduled_tokens_np=np.full(num_reqs, q, dtype=np.int32),
+            max_num_scheduled_tokens=q,
+            use_cascade_attn=False,
+            **kwargs,
+        )
+    traceback = stopped.value.__traceback__
+    while traceback is not None and traceback.tb_frame.f_code is not dispatch.__code__:
+        traceback = traceback.tb_next
+    assert traceback is not None, "the dispatch stopped before it ran"
+    answers = traceback.tb_frame.f_locals
+    assert "{name}" in answers, "the dispatch stopped before it classified"
+    return bool(answers["{name}"])
 
 
-def _expected(rows, decode_query_len):
-    return all(
-        scheduled == decode_query_len and num_computed >= num_prompt
-        for num_prompt, num_computed, scheduled in rows
-    )
-
-
-# (num_prompt, num_computed, num_scheduled) per request, for query length q.
-CASES = {
-    "fresh_prompt": lambda q: [(q, 0, q)],
-    "equal_fresh_prompts": lambda q: [(q, 0, q)] * 3,
-    "chunked_prompt_tail": lambda q: [(512 + q, 512, q)],
-    "decodes_and_one_prompt": lambda q: [(20, 20 + 9 * i, q) for i in range(3)]
-    + [(q, 0, q)],
-    "all_decode": lambda q: [(10 + i, 25 + 3 * i, q) for i in range(4)],
-    "just_finished_prompts": lambda q: [(40, 40, q)] * 2,
-}
+# (num_computed, decode_draft_count) per request, for query length q; every
+# request schedules q tokens.
+CASES = {{
+    "fresh_prompt": lambda q: [(0, NO_DRAFTS)],
+    "equal_fresh_prompts": lambda q: [(0, NO_DRAFTS)] * 3,
+    "chunked_prompt_tail": lambda q: [(512, NO_DRAFTS)],
+    "decodes_and_one_prompt": lambda q: [(20 + 9 * i, q - 1) for i in range(3)]
+    + [(0, NO_DRAFTS)],
+    "reprefill_after_preemption": lambda q: [(25, q - 1), (17, NO_DRAFTS)],
+    "all_decode": lambda q: [(25 + 3 * i, q - 1) for i in range(4)],
+    "padded_prompt_tail": lambda q: [(128, q - 1), (40, q - 1)],
+}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3, 7])
-def test_real_step_is_uniform_decode_only_past_every_prompt(
+def test_a_request_that_is_not_a_decode_makes_the_batch_a_prefill(
     case, num_speculative_tokens
 ):
     q = num_speculative_tokens + 1
     rows = CASES[case](q)
-    runner, decisions = _runner(rows, q)
+    runner = _runner(rows, q)
 
-    _dispatch(runner, [scheduled for _, _, scheduled in rows])
+    has_prefill = runner._has_prefill_request(len(rows))
 
-    assert decisions == [_expected(rows, q)]
+    assert has_prefill == (not all(_is_decode(row, q) for row in rows))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3, 7])
+def test_real_step_is_uniform_decode_only_when_every_row_is_a_decode(
+    case, num_speculative_tokens
+):
+    q = num_speculative_tokens + 1
+    rows = CASES[case](q)
+    runner = _runner(rows, q)
+
+    uniform_decode = _classification(runner, len(rows))
+
+    assert uniform_decode == all(_is_decode(row, q) for row in rows)
 
 
 @pytest.mark.parametrize("forced", [True, False])
 def test_capture_and_dummy_runs_keep_their_classification(forced):
-    rows = CASES["equal_fresh_prompts"](4)
-    runner, decisions = _runner(rows, 4)
+    runner = _runner(CASES["equal_fresh_prompts"](4), 4)
 
-    _dispatch(runner, [4, 4, 4], force_uniform_decode=forced)
-
-    assert decisions == [forced]
+    assert _classification(runner, 3, force_uniform_decode=forced) is forced
 
 
 def test_rows_past_the_batch_are_ignored():
     rows = CASES["all_decode"](4)
-    runner, decisions = _runner(rows, 4, stale_rows=[(300, 0, 0)])
+    runner = _runner([*rows, (0, NO_DRAFTS)], 4)
 
-    _dispatch(runner, [4] * len(rows))
-
-    assert decisions == [True]
+    assert _classification(runner, len(rows)) is True
+    assert runner._has_prefill_request(len(rows)) is False
 '''
 
 
-def v1_phase_dispatch() -> str:
-    return HEADER + _V1_PHASE_DISPATCH
+def v1_phase_dispatch(classification: str = "uniform_decode") -> str:
+    """The tests for a tree whose dispatch names its classification
+    ``classification``."""
+    return HEADER + _V1_PHASE_DISPATCH.format(name=classification)
