@@ -7,6 +7,7 @@ is replaced by a recorder that snapshots the staged buffers and stops the run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -174,6 +175,9 @@ def make_dummy_runner(
         ),
         _determine_batch_execution_and_padding=determine,
         _get_slot_mappings=lambda **_: (None, None),
+        # Input-preparation sync is unrelated to the staged metadata, and forks
+        # read their own state in it (1Cat-vLLM's asynchronous-scheduling trace).
+        synchronize_input_prep=lambda *_args, **_kwargs: contextlib.nullcontext(),
         maybe_dummy_run_with_lora=stop,
     )
     replace_original(

@@ -110,6 +110,10 @@ def make_runner(
     )
 
     class RecordingDispatcher:
+        # A dispatcher with no fork-specific graph families (1Cat-vLLM's runner
+        # asks it for attention-context buckets before it dispatches).
+        has_attention_context_buckets = False
+
         def dispatch(self, num_tokens: int, uniform_decode: bool, **_: Any) -> Any:
             record.uniform_decode.append(bool(uniform_decode))
             mode = CUDAGraphMode.FULL if uniform_decode else CUDAGraphMode.PIECEWISE

@@ -91,8 +91,7 @@ def _static_shape_rule(original: Any) -> ShapeRule:
 
 def worker_classifies_early(sources: SourceReader) -> bool:
     """0.20-0.31: with pipeline + sequence parallel the worker calls the dispatch."""
-    tree = sources.tree(WORKER_MODULE)
-    return tree is not None and recognition.calls_name(tree, _DISPATCH_NAME)
+    return sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
 
 
 def _classifies_before_state_update(runner: Any) -> bool:
