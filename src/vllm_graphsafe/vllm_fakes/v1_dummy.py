@@ -178,6 +178,9 @@ def make_dummy_runner(
         # Input-preparation sync is unrelated to the staged metadata, and forks
         # read their own state in it (1Cat-vLLM's asynchronous-scheduling trace).
         synchronize_input_prep=lambda *_args, **_kwargs: contextlib.nullcontext(),
+        # 1Cat-vLLM copies buffers through a staged path when it overlaps input
+        # preparation; a dummy run takes its plain copy.
+        _sm70_async_staged_input_prep_active=False,
         maybe_dummy_run_with_lora=stop,
     )
     replace_original(
