@@ -277,7 +277,8 @@ def fork_checks(
         verified.returncode == 0,
         "backport --verify passes on the edited tree",
         "; ".join(
-            verified.stdout.strip().splitlines() or [f"exit {verified.returncode}"]
+            (verified.stdout + verified.stderr).strip().splitlines()
+            or [f"exit {verified.returncode}"]
         ),
     )
 
