@@ -329,10 +329,11 @@ def verify_fork_backports(venv: Path, version: str, totals: Totals) -> None:
         if base != version:
             continue
         label = f"{venv.name} backport on fork {name}"
-        tarball = FORKS_DIR / name / "vllm.tar.gz"
-        if not tarball.is_file():
-            print(f"[{label}] not run: {tarball} is absent", flush=True)
+        tarballs = sorted((FORKS_DIR / name).glob("*.tar.gz"))
+        if not tarballs:
+            print(f"[{label}] not run: no tarball in {FORKS_DIR / name}", flush=True)
             continue
+        tarball = tarballs[0]
         started = time.monotonic()
         result = subprocess.run(
             [
