@@ -177,14 +177,22 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     def runner(cls: type, rows: list[Any]) -> Any:
         with table_rows(v1_runner, "MAX_ROWS", TABLE_ROWS):
             batch = v1_runner.input_batch(rows)
-        made = v1_runner.make_runner(DECODE_QUERY_LEN, batch, DispatchRecord())
+            drafts = v1_runner.decode_draft_buffer(rows)
+        made = v1_runner.make_runner(
+            DECODE_QUERY_LEN, batch, DispatchRecord(), draft_counts=drafts
+        )
         made.__class__ = cls
         return made
 
     # The persistent batch's rows, every one past its prompt.
     generator = np.random.default_rng(SEED)
     decodes = [
-        Row(prompt=prompt, computed=prompt + extra, scheduled=DECODE_QUERY_LEN)
+        Row(
+            prompt=prompt,
+            computed=prompt + extra,
+            scheduled=DECODE_QUERY_LEN,
+            drafts=DECODE_QUERY_LEN - 1,
+        )
         for prompt, extra in zip(
             generator.integers(4, 2048, TABLE_ROWS).tolist(),
             generator.integers(0, 512, TABLE_ROWS).tolist(),

@@ -276,6 +276,7 @@ def v1_rules() -> dict[str, Rule]:
     from vllm_graphsafe.vllm_fakes.v1_runner import (
         DispatchRecord,
         Row,
+        decode_draft_buffer,
         input_batch,
         make_runner,
         run_dispatch,
@@ -299,10 +300,25 @@ def v1_rules() -> dict[str, Rule]:
         )
 
     def installed_dispatch(step: TraceStep) -> bool:
-        rows = [Row(r.prompt_len, r.computed, r.scheduled) for r in step.rows]
+        # A request past its prompt schedules its token and the drafts listed
+        # for it; a prompt chunk lists none.
+        rows = [
+            Row(
+                r.prompt_len,
+                r.computed,
+                r.scheduled,
+                r.scheduled - 1 if r.computed >= r.prompt_len else None,
+            )
+            for r in step.rows
+        ]
         freed = [Row(prompt, computed, 0) for prompt, computed in step.freed_rows]
         record = DispatchRecord()
-        runner = make_runner(step.width, input_batch(rows, freed), record)
+        runner = make_runner(
+            step.width,
+            input_batch(rows, freed),
+            record,
+            draft_counts=decode_draft_buffer(rows, freed),
+        )
         run_dispatch(runner, [row.scheduled for row in rows])
         (decided,) = record.uniform_decode
         return decided
