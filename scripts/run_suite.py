@@ -304,12 +304,16 @@ def doctor(venv: Path, problems: list[str]) -> dict[str, object] | None:
     return report  # type: ignore[no-any-return]
 
 
-def verify_backport(venv: Path, totals: Totals) -> None:
-    """The backport edits a copy of the release; see scripts/verify_backport.py."""
-    label = f"{venv.name} backport"
+def verify_backport(
+    venv: Path, totals: Totals, label: str | None = None, fork: Path | None = None
+) -> None:
+    """The backport edits a copy of the release (or of ``fork``, a tarball); see
+    scripts/verify_backport.py."""
+    label = label or f"{venv.name} backport"
     started = time.monotonic()
+    fork_args = [] if fork is None else ["--fork", str(fork)]
     result = subprocess.run(
-        [str(python_of(venv)), "scripts/verify_backport.py", str(venv)],
+        [str(python_of(venv)), "scripts/verify_backport.py", str(venv), *fork_args],
         cwd=ROOT,
         check=False,
     )
@@ -333,27 +337,7 @@ def verify_fork_backports(venv: Path, version: str, totals: Totals) -> None:
         if not tarballs:
             print(f"[{label}] not run: no tarball in {FORKS_DIR / name}", flush=True)
             continue
-        tarball = tarballs[0]
-        started = time.monotonic()
-        result = subprocess.run(
-            [
-                str(python_of(venv)),
-                "scripts/verify_backport.py",
-                str(venv),
-                "--fork",
-                str(tarball),
-            ],
-            cwd=ROOT,
-            check=False,
-        )
-        print(
-            f"[{label}] exit {result.returncode}, {time.monotonic() - started:.0f} s",
-            flush=True,
-        )
-        if result.returncode != 0:
-            totals.problems.append(
-                f"{label}: verify_backport.py exited {result.returncode}"
-            )
+        verify_backport(venv, totals, label, tarballs[0])
 
 
 def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> None:
