@@ -3,7 +3,9 @@
 Usage: python dispatch_steps.py MODEL_DIR  (prints one JSON object on its last line)
 
 The ground truth comes from the scheduler, not from the runner: a step holds
-prompt tokens when a scheduled request had computed less than its prompt.
+prefill rows when the attention metadata builders of a hybrid model run a
+scheduled row as a prefill (a prompt chunk, or tokens re-computed after
+preemption).
 What the runner decided is what reached vLLM's CUDA graph dispatcher first in
 the step (:class:`tests.engine.emulator.step_recording.StepRecorder`).
 """
@@ -48,7 +50,7 @@ def main(model_dir: str) -> None:
             {
                 "steps": [
                     {
-                        "holds_prompt_tokens": bool(step["in_prompt"]),
+                        "holds_prefill_rows": bool(step["prefill_rows"]),
                         "decode_shape": set(step["widths"]) == {SPEC_TOKENS + 1},
                         "widths": step["widths"],
                         "uniform_decode": step["uniform_decode"],

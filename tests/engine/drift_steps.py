@@ -2,10 +2,11 @@
 
 Usage: python drift_steps.py MODEL_DIR (drift|plain)  (one JSON object, last line)
 
-``drift`` makes ``InputBatch.num_prompt_tokens`` unreadable to this project's
-code only, as a release that renamed it would be to the plugin while vLLM's
-own code (which reads its own name) keeps working. The engine must keep
-generating what unpatched vLLM generates.
+``drift`` makes the runner's ``num_decode_draft_tokens`` (the rows' draft
+counts the V1 phase rule reads) unreadable to this project's code only, as a
+release that renamed it would be to the plugin while vLLM's own code (which
+reads its own name) keeps working. The engine must keep generating what
+unpatched vLLM generates.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import wrapt
 from vllm_graphsafe import vllm_layout
 
 SPEC_TOKENS = 3
-RENAMED = "num_prompt_tokens"
+RENAMED = "num_decode_draft_tokens"
 
 
 def read_by_graphsafe() -> bool:
@@ -27,30 +28,30 @@ def read_by_graphsafe() -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("vllm_graphsafe")
 
 
-def hide_prompt_lengths_from_the_plugin() -> None:
-    batches = vllm_layout.load(vllm_layout.V1_INPUT_BATCH)
+def hide_draft_counts_from_the_plugin() -> None:
+    runners = vllm_layout.load(vllm_layout.V1_RUNNER)
 
-    def getter(batch: Any) -> Any:
+    def getter(runner: Any) -> Any:
         if read_by_graphsafe():
-            raise AttributeError(f"'InputBatch' object has no attribute '{RENAMED}'")
-        return batch.__dict__["_drifted_prompt_lengths"]
+            raise AttributeError(f"'{type(runner).__name__}' has no '{RENAMED}'")
+        return runner.__dict__["_drifted_draft_counts"]
 
-    def setter(batch: Any, value: Any) -> None:
-        batch.__dict__["_drifted_prompt_lengths"] = value
+    def setter(runner: Any, value: Any) -> None:
+        runner.__dict__["_drifted_draft_counts"] = value
 
-    drifted = type(
-        "InputBatch", (batches.InputBatch,), {RENAMED: property(getter, setter)}
-    )
-
-    def drift_after_init(wrapped: Any, batch: Any, args: Any, kwargs: Any) -> Any:
+    def drift_after_init(wrapped: Any, runner: Any, args: Any, kwargs: Any) -> Any:
         result = wrapped(*args, **kwargs)
-        if type(batch) is batches.InputBatch:
-            lengths = batch.__dict__.pop(RENAMED)
-            batch.__class__ = drifted
-            setattr(batch, RENAMED, lengths)
+        if RENAMED in runner.__dict__:
+            counts = runner.__dict__.pop(RENAMED)
+            runner.__class__ = type(
+                type(runner).__name__,
+                (type(runner),),
+                {RENAMED: property(getter, setter)},
+            )
+            setattr(runner, RENAMED, counts)
         return result
 
-    wrapt.wrap_function_wrapper(batches.InputBatch, "__init__", drift_after_init)
+    wrapt.wrap_function_wrapper(runners.GPUModelRunner, "__init__", drift_after_init)
 
 
 def main(model_dir: str, mode: str) -> None:
@@ -61,7 +62,7 @@ def main(model_dir: str, mode: str) -> None:
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     if mode == "drift":
-        hide_prompt_lengths_from_the_plugin()
+        hide_draft_counts_from_the_plugin()
     llm = LLM(model=model_dir, **engine_kwargs(num_speculative_tokens=SPEC_TOKENS))
     tokenizer = llm.get_tokenizer()
     greedy = SamplingParams(temperature=0.0, max_tokens=24)

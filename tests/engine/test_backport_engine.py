@@ -64,7 +64,7 @@ def test_prefill_steps_of_decode_shape_stay_off_the_decode_graph(
     steps_from_edited_tree: dict[str, Any],
 ) -> None:
     steps = steps_from_edited_tree["steps"]
-    boundary = [s for s in steps if s["holds_prompt_tokens"] and s["decode_shape"]]
+    boundary = [s for s in steps if s["holds_prefill_rows"] and s["decode_shape"]]
     assert boundary, "the K+1-token prompt never formed a decode-shaped step"
     assert [s for s in boundary if s["uniform_decode"]] == []
 
@@ -75,7 +75,7 @@ def test_pure_decode_steps_keep_the_decode_graph(
     decode = [
         s
         for s in steps_from_edited_tree["steps"]
-        if s["decode_shape"] and not s["holds_prompt_tokens"]
+        if s["decode_shape"] and not s["holds_prefill_rows"]
     ]
     assert decode, "no pure speculative-decode step of the decode width ran"
     assert all(s["uniform_decode"] for s in decode)

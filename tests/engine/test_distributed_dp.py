@@ -293,7 +293,7 @@ def test_synced_step_keeps_the_prefill_off_and_the_decode_on(
         assert not [
             step
             for step in worker["steps"]
-            if step["holds_prompt_tokens"] and step["uniform_decode"]
+            if step["holds_prefill_rows"] and step["uniform_decode"]
         ]
 
 

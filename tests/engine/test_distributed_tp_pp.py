@@ -111,7 +111,7 @@ def serve_parallel(
 
 def decisions(worker: dict[str, Any]) -> list[tuple[Any, ...]]:
     return [
-        (step["widths"], step["holds_prompt_tokens"], step["uniform_decode"])
+        (step["widths"], step["holds_prefill_rows"], step["uniform_decode"])
         for step in worker["steps"]
     ]
 

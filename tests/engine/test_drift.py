@@ -1,8 +1,8 @@
 """A real engine whose input batch drifted keeps generating as unpatched vLLM does.
 
 In-process vLLM on CPU with the tiny model and ngram speculation (K=3):
-``InputBatch.num_prompt_tokens`` is made unreadable to the plugin only, as a
-release that renamed it would be. The V1 phase rule fails open on the first
+the runner's ``num_decode_draft_tokens`` is made unreadable to the plugin
+only, as a release that renamed it would be. The V1 phase rule fails open on the first
 uniform step: the patch reads ``failed`` naming what it was reading, and the
 tokens equal those of the same engine with the plugin switched off.
 """
@@ -39,9 +39,10 @@ def test_drifted_input_batch_generates_what_unpatched_vllm_does(
 
     assert drifted["token_ids"] == unpatched["token_ids"]
     assert drifted["state"] == "failed"
-    assert "num_prompt_tokens" in drifted["reason"]
+    assert "num_decode_draft_tokens" in drifted["reason"]
     warnings = [
         line for line in drifted["log"].splitlines() if "failed at run time" in line
     ]
     assert len(warnings) == 1, warnings
-    assert "v1-phase-dispatch" in warnings[0] and "num_prompt_tokens" in warnings[0]
+    assert "v1-phase-dispatch" in warnings[0]
+    assert "num_decode_draft_tokens" in warnings[0]

@@ -48,9 +48,9 @@ def _external(request_id: str, answers: dict[str, Any]) -> str:
 
 def _hazards(steps: list[dict[str, Any]]) -> list[dict[str, list[str]]]:
     return [
-        {"scheduled": step["scheduled"], "in_prompt": step["in_prompt"]}
+        {"scheduled": step["scheduled"], "prefill_rows": step["prefill_rows"]}
         for step in steps
-        if step["uniform_decode"] and step["in_prompt"]
+        if step["uniform_decode"] and step["prefill_rows"]
     ]
 
 

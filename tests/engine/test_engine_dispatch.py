@@ -27,13 +27,13 @@ def runs(tiny_model: Path) -> dict[str, Any]:
 
 
 def misdispatched_prefills(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [s for s in steps if s["holds_prompt_tokens"] and s["uniform_decode"]]
+    return [s for s in steps if s["holds_prefill_rows"] and s["uniform_decode"]]
 
 
 def test_prefill_steps_stay_off_the_decode_graph(runs: dict[str, Any]) -> None:
     steps = runs["on"]["steps"]
     boundary_prefills = [
-        s for s in steps if s["holds_prompt_tokens"] and s["decode_shape"]
+        s for s in steps if s["holds_prefill_rows"] and s["decode_shape"]
     ]
     assert boundary_prefills, "the 4-token prompt never formed a decode-shaped step"
     assert misdispatched_prefills(steps) == []
@@ -43,7 +43,7 @@ def test_pure_decode_steps_keep_the_decode_graph(runs: dict[str, Any]) -> None:
     decode_steps = [
         s
         for s in runs["on"]["steps"]
-        if s["decode_shape"] and not s["holds_prompt_tokens"]
+        if s["decode_shape"] and not s["holds_prefill_rows"]
     ]
     assert decode_steps, "no pure speculative-decode step of width 4 ran"
     assert all(s["uniform_decode"] for s in decode_steps)

@@ -4,7 +4,8 @@ A CPU runs no CUDA graphs, so the dispatch bug cannot corrupt anything there by
 itself. With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD=1`` in its environment, each vLLM
 process that runs a V1 model runner corrupts the answers of every step whose
 decision, as handed to vLLM's CUDA-graph dispatcher, is "uniform decode" while
-a scheduled request is still in its prompt: the step a GPU would replay
+the attention metadata builders run a scheduled row as a prefill (a prompt
+chunk, or tokens re-computed after preemption): the step a GPU would replay
 through the FULL decode graph over prefill metadata. Its requests (prefill and
 decode rows alike, the worst case) answer with the first id past the
 vocabulary from then on, as an affected GPU server's greedy output does.
@@ -94,7 +95,7 @@ def _bind(module: ModuleType) -> None:
         _logger().warning(
             "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE, PHYSICAL MODE (%s=1, "
             "%s=physical, a test instrument): steps dispatched as uniform decode "
-            "while a request is in its prompt build their linear-attention "
+            "while a row is a prefill build their linear-attention "
             "metadata as a FULL decode CUDA graph's replay would read it, so "
             "vLLM's own kernels corrupt the recurrent state. Never use it on a "
             "server that answers real users.",
@@ -104,7 +105,7 @@ def _bind(module: ModuleType) -> None:
         return
     _logger().warning(
         "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE (%s=1, a test instrument): "
-        "steps dispatched as uniform decode while a request is in its prompt answer "
+        "steps dispatched as uniform decode while a row is a prefill answer "
         "with out-of-vocabulary ids, as a GPU replaying a FULL decode CUDA graph "
         "would. Never use it on a server that answers real users.",
         EMULATE_ENV,
@@ -126,7 +127,7 @@ def describe() -> dict[str, Any]:
         summary = (
             f"ON ({EMULATE_ENV}=1): vLLM processes started with this environment "
             "corrupt the answers of steps a GPU would replay through a FULL decode "
-            "CUDA graph while a request is in its prompt. A test instrument: never "
+            "CUDA graph while a row is a prefill. A test instrument: never "
             "on a production server."
         )
     return {

@@ -1,8 +1,9 @@
 """What the graph-hazard emulator decides, without vLLM: pure and unit-tested.
 
 A step is *hazardous* when the decision handed to the CUDA-graph dispatcher
-says uniform decode while a scheduled request is still in its prompt: a GPU
-would replay the FULL decode graph over prefill metadata. Every request
+says uniform decode while the attention metadata builders of a hybrid model run
+a scheduled row as a prefill (:func:`builder_prefill_rows`): a GPU would replay
+the FULL decode graph over prefill metadata. Every request
 scheduled in such a step is *poisoned* (the prefill rows, and the decode rows
 sharing the step, the worst case), and from then on each token sampled for it
 is replaced by the first id past the vocabulary, as an affected GPU server shows
@@ -33,28 +34,62 @@ def dispatched_uniform_decode(args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return bool(args[1]) if len(args) > 1 else False
 
 
-def rows_in_prompt(
-    req_ids: Sequence[str | None],
-    num_computed_tokens: Sequence[int],
-    num_prompt_tokens: Sequence[int],
+def builder_prefill_rows(
+    num_scheduled_tokens: Mapping[str, int],
+    scheduled_drafts: Mapping[str, Sequence[int]],
+    computed_before: Mapping[str, int],
 ) -> tuple[str, ...]:
-    """The requests whose computed count, before the step, is short of the prompt."""
-    return tuple(
-        req_id
-        for req_id, computed, prompt in zip(
-            req_ids, num_computed_tokens, num_prompt_tokens, strict=False
-        )
-        if req_id is not None and int(computed) < int(prompt)
+    """The scheduled requests a hybrid model's metadata builders run as prefills.
+
+    From the scheduler's output alone, as vLLM's linear-attention builders
+    classify rows: a row is a decode when it schedules exactly one token plus
+    the drafts the scheduler handed it (placeholder drafts included: the
+    scheduler pads a prompt tail that way to keep the decode graph), or one
+    token over prior state (the last token of a chunked prompt, or a plain
+    decode); anything else (a first prompt chunk, a prompt chunk of K+1
+    tokens, output tokens re-computed after preemption) is a prefill.
+    """
+    prefills = []
+    for req_id, width in num_scheduled_tokens.items():
+        drafts = scheduled_drafts.get(req_id)
+        if drafts is not None and width == len(drafts) + 1:
+            continue
+        if width == 1 and computed_before.get(req_id, 0) > 0:
+            continue
+        prefills.append(req_id)
+    return tuple(sorted(prefills))
+
+
+def computed_before_step(scheduler_output: Any) -> dict[str, int]:
+    """Each scheduled request's computed token count before the step, as the
+    scheduler states it (new requests and cached ones)."""
+    computed = {
+        new.req_id: int(new.num_computed_tokens)
+        for new in scheduler_output.scheduled_new_reqs
+    }
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(
+        zip(cached.req_ids, map(int, cached.num_computed_tokens), strict=True)
+    )
+    return computed
+
+
+def step_prefill_rows(scheduler_output: Any) -> tuple[str, ...]:
+    """:func:`builder_prefill_rows` of one step's scheduler output."""
+    return builder_prefill_rows(
+        scheduler_output.num_scheduled_tokens,
+        scheduler_output.scheduled_spec_decode_tokens or {},
+        computed_before_step(scheduler_output),
     )
 
 
 @dataclass(frozen=True)
 class HazardStep:
-    """A real step the dispatcher was told was uniform decode, with prompt rows."""
+    """A real step the dispatcher was told was uniform decode, with prefill rows."""
 
     step: int
     scheduled: tuple[str, ...]
-    in_prompt: tuple[str, ...]
+    prefill_rows: tuple[str, ...]
 
 
 @dataclass
@@ -62,17 +97,15 @@ class StepObservation:
     """What one real step handed to the dispatcher (the last call wins)."""
 
     scheduled: tuple[str, ...]
+    prefill_rows: tuple[str, ...] = ()
     uniform_decode: bool | None = None
-    in_prompt: tuple[str, ...] = ()
-    dummy_depth: int = 0
 
-    def observe(self, uniform_decode: bool, in_prompt: tuple[str, ...]) -> None:
+    def observe(self, uniform_decode: bool) -> None:
         self.uniform_decode = uniform_decode
-        self.in_prompt = in_prompt
 
     @property
     def hazardous(self) -> bool:
-        return bool(self.uniform_decode) and bool(self.in_prompt)
+        return bool(self.uniform_decode) and bool(self.prefill_rows)
 
 
 def corrupted_tokens(
@@ -123,7 +156,7 @@ class EmulatorState:
             if not observation.hazardous:
                 return None
             hazard = HazardStep(
-                self.real_steps, observation.scheduled, observation.in_prompt
+                self.real_steps, observation.scheduled, observation.prefill_rows
             )
             self.hazards.append(hazard)
             self.poisoned.update(observation.scheduled)

@@ -3,7 +3,7 @@ is built as the captured FULL decode graph would have it.
 
 With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD_MODE=physical`` (beside the main switch),
 nothing replaces sampled ids. Instead, on a hazardous step (the dispatcher
-told "uniform decode" while a scheduled request is in its prompt), vLLM's
+told "uniform decode" while a row is a prefill to the builders), vLLM's
 gated delta-net metadata builder is handed what the graph's replay assumes:
 
 - every row a decode: with K speculative tokens, each row a speculative

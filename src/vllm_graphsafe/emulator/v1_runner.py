@@ -10,9 +10,10 @@ Three wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
     every request it scheduled.
 ``CudagraphDispatcher.dispatch``
     inside an open step, on the runner's own dispatcher: records the
-    ``uniform_decode`` it is handed (after any hook on ``_is_uniform_decode``)
-    and which scheduled rows had not computed their whole prompt before the
-    step, read from the runner's input batch at that moment.
+    ``uniform_decode`` it is handed (after any hook on ``_is_uniform_decode``).
+    Which scheduled rows a hybrid model's metadata builders run as prefills
+    comes from the step's scheduler output
+    (:func:`vllm_graphsafe.emulator.hazard.step_prefill_rows`).
 ``GPUModelRunner.execute_model`` / ``sample_tokens`` return values
     a ``ModelRunnerOutput``'s sampled ids of poisoned requests are replaced by
     the first id past the vocabulary. The runner's own token state is left
@@ -39,7 +40,7 @@ from vllm_graphsafe.emulator.hazard import (
     EmulatorState,
     StepObservation,
     dispatched_uniform_decode,
-    rows_in_prompt,
+    step_prefill_rows,
 )
 
 RUNNER_MODULE = vllm_layout.V1_RUNNER
@@ -102,12 +103,12 @@ class V1RunnerEmulator:
     ) -> Any:
         if self._step.observation is not None:  # a subclass calling super()
             return wrapped(*args, **kwargs)
-        scheduler_output = args[0] if args else kwargs.get("scheduler_output")
+        scheduler_output: Any = args[0] if args else kwargs.get("scheduler_output")
         self.state.forget(getattr(scheduler_output, "finished_req_ids", None) or ())
         if not getattr(scheduler_output, "total_num_scheduled_tokens", 0):
             return self._corrupt(runner, wrapped(*args, **kwargs))
-        scheduled = tuple(getattr(scheduler_output, "num_scheduled_tokens", {}))
-        observation = StepObservation(scheduled)
+        scheduled = tuple(scheduler_output.num_scheduled_tokens)
+        observation = StepObservation(scheduled, step_prefill_rows(scheduler_output))
         self._step.runner, self._step.observation = runner, observation
         try:
             output = wrapped(*args, **kwargs)
@@ -133,10 +134,7 @@ class V1RunnerEmulator:
             runner, "cudagraph_dispatcher", None
         ):
             # ``dispatch`` is wrapped on the class: ``args`` excludes self.
-            observation.observe(
-                dispatched_uniform_decode(args, kwargs),
-                _prompt_rows(runner, observation.scheduled),
-            )
+            observation.observe(dispatched_uniform_decode(args, kwargs))
         return wrapped(*args, **kwargs)
 
     def _on_gdn_build(
@@ -171,18 +169,6 @@ class V1RunnerEmulator:
         if replaced is not None:
             output.sampled_token_ids = replaced
         return output
-
-
-def _prompt_rows(runner: Any, scheduled: tuple[str, ...]) -> tuple[str, ...]:
-    batch = runner.input_batch
-    count = batch.num_reqs
-    in_prompt = rows_in_prompt(
-        list(batch.req_ids)[:count],
-        batch.num_computed_tokens_cpu[:count].tolist(),
-        batch.num_prompt_tokens[:count].tolist(),
-    )
-    wanted = set(scheduled)
-    return tuple(req_id for req_id in in_prompt if req_id in wanted)
 
 
 _BUILD_PARAMETERS = (

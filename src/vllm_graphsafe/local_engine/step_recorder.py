@@ -7,8 +7,9 @@ functions of the V1 runner's module, and each worker process then writes
 itself, independently of the plugin, so a test can compare runs with and without
 the plugin:
 
-- the ground truth comes from the scheduler: a step holds prompt tokens when a
-  scheduled request had computed less than its whole prompt;
+- the ground truth comes from the scheduler: a step holds prefill rows when the
+  attention metadata builders of a hybrid model run a scheduled row as a
+  prefill (:func:`vllm_graphsafe.emulator.hazard.step_prefill_rows`);
 - ``uniform_decode`` is what the runner handed to the dispatcher on that step;
 - ``sync`` numbers this process's calls of ``coordinate_batch_across_dp``, the
   collective that data-parallel ranks all enter once per step (real or dummy),
@@ -26,6 +27,7 @@ from typing import Any
 import wrapt
 
 from vllm_graphsafe import vllm_layout
+from vllm_graphsafe.emulator.hazard import step_prefill_rows
 
 #: Where each worker writes its steps; unset means record nothing.
 STEP_DIR_ENV = "GRAPHSAFE_TEST_STEP_DIR"
@@ -55,7 +57,7 @@ class _Recorder:
         self.current = {
             "sync": None,
             "widths": list(scheduler_output.num_scheduled_tokens.values()),
-            "holds_prompt_tokens": _holds_prompt_tokens(runner, scheduler_output),
+            "holds_prefill_rows": bool(step_prefill_rows(scheduler_output)),
             "uniform_decode": None,
         }
         try:
@@ -117,19 +119,6 @@ def _coordination_skipped() -> bool:
     return bool(should_skip_dp_coordination())
 
 
-def _holds_prompt_tokens(runner: Any, scheduler_output: Any) -> bool:
-    for new in scheduler_output.scheduled_new_reqs:
-        if new.num_computed_tokens < len(new.prompt_token_ids):
-            return True
-    cached = scheduler_output.scheduled_cached_reqs
-    for req_id, computed in zip(
-        cached.req_ids, cached.num_computed_tokens, strict=True
-    ):
-        if computed < runner.requests[req_id].num_prompt_tokens:
-            return True
-    return False
-
-
 def read_step_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every worker's record (``pid``, ranks, ``steps``), in pid order."""
     if not Path(directory).is_dir():
@@ -145,19 +134,19 @@ def has_decode_shape(step: dict[str, Any], spec_tokens: int) -> bool:
 
 
 def is_boundary_prefill(step: dict[str, Any], spec_tokens: int) -> bool:
-    """A step that holds prompt tokens yet has the uniform decode shape."""
-    return bool(step["holds_prompt_tokens"]) and has_decode_shape(step, spec_tokens)
+    """A step that holds prefill rows yet has the uniform decode shape."""
+    return bool(step["holds_prefill_rows"]) and has_decode_shape(step, spec_tokens)
 
 
 def is_genuine_decode(step: dict[str, Any], spec_tokens: int) -> bool:
-    """A decode-shaped step whose requests had all computed their prompts."""
-    return not step["holds_prompt_tokens"] and has_decode_shape(step, spec_tokens)
+    """A decode-shaped step whose rows are all decodes to the builders."""
+    return not step["holds_prefill_rows"] and has_decode_shape(step, spec_tokens)
 
 
 def misdispatched_prefills(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Steps that held prompt tokens and still reached the dispatcher as uniform."""
+    """Steps that held prefill rows and still reached the dispatcher as uniform."""
     return [
-        step for step in steps if step["holds_prompt_tokens"] and step["uniform_decode"]
+        step for step in steps if step["holds_prefill_rows"] and step["uniform_decode"]
     ]
 
 

@@ -8,7 +8,8 @@ JSON line per step that schedules tokens to ``<dir>/<pid>.jsonl``, as
 :class:`tests.engine.emulator.step_recording.StepRecorder` sees it:
 
 - ``scheduled``: the engine's ids of the requests the step scheduled;
-- ``in_prompt``: those that had not computed their whole prompt before it.
+- ``in_prompt``: those that had not computed their whole prompt before it;
+- ``prefill_rows``: those a hybrid model's metadata builders run as prefills.
 
 The ground truth is the scheduler's output, independent of the emulator and
 of the plugin: a test reads from it whether a prompt really shared a step
@@ -37,7 +38,11 @@ def _install(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def log_step(step: Step) -> None:
-        line = {"scheduled": step["scheduled"], "in_prompt": step["in_prompt"]}
+        line = {
+            "scheduled": step["scheduled"],
+            "in_prompt": step["in_prompt"],
+            "prefill_rows": step["prefill_rows"],
+        }
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(line) + "\n")
 

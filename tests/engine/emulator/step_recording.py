@@ -8,9 +8,11 @@ and of the emulator:
 ``GPUModelRunner.execute_model``
     opens a step when the scheduler scheduled tokens and notes, from the
     scheduler's output, the requests scheduled (``scheduled``), their widths
-    (``widths``) and those that had not computed their whole prompt before the
+    (``widths``), those that had not computed their whole prompt before the
     step (``in_prompt``: new requests' computed counts against their prompt,
-    cached ones against the runner's request record);
+    cached ones against the runner's request record) and those a hybrid
+    model's attention metadata builders run as prefills (``prefill_rows``,
+    :func:`vllm_graphsafe.emulator.hazard.step_prefill_rows`);
 ``CudagraphDispatcher.dispatch``
     inside an open step, notes the ``uniform_decode`` the runner handed to the
     dispatcher: the first call of the step or the last (``dispatch_call``).
@@ -24,6 +26,7 @@ from typing import Any, Literal
 import wrapt
 
 from vllm_graphsafe import vllm_layout
+from vllm_graphsafe.emulator.hazard import step_prefill_rows
 
 RUNNER_MODULE = vllm_layout.V1_RUNNER
 DISPATCHER_MODULE = vllm_layout.CUDAGRAPH_DISPATCHER
@@ -49,7 +52,8 @@ def prompt_rows(runner: Any, scheduler_output: Any) -> list[str]:
 
 class StepRecorder:
     """``steps``: one dict per real step (``scheduled``, ``widths``,
-    ``in_prompt``, ``uniform_decode``); ``on_step`` is called with each."""
+    ``in_prompt``, ``prefill_rows``, ``uniform_decode``); ``on_step`` is
+    called with each."""
 
     def __init__(
         self,
@@ -79,6 +83,7 @@ class StepRecorder:
             "scheduled": sorted(scheduled),
             "widths": list(scheduled.values()),
             "in_prompt": prompt_rows(runner, scheduler_output),
+            "prefill_rows": list(step_prefill_rows(scheduler_output)),
             "uniform_decode": None,
         }
         self._current = step

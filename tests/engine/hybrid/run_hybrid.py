@@ -75,7 +75,10 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
             "real_steps": emulator.STATE.real_steps,
             "uniform_decode_steps": emulator.STATE.uniform_decode_steps,
             "hazards": [
-                {"scheduled": sorted(h.scheduled), "in_prompt": sorted(h.in_prompt)}
+                {
+                    "scheduled": sorted(h.scheduled),
+                    "prefill_rows": sorted(h.prefill_rows),
+                }
                 for h in emulator.STATE.hazards
             ],
         }

@@ -90,7 +90,7 @@ def workload(k: int) -> tuple[Group, ...]:
 
 #: Groups with a long decode (64-96 tokens) in them.
 LONG_GROUPS = ("ongoing_decode_with_insert/", "decode_only/")
-#: The answers a hazardous step corrupts (plugin disabled), whatever K.
+#: The answers a hazardous step corrupts (plugin disabled) with speculation.
 DANGEROUS = frozenset(
     {
         "fresh_k_plus_1/0",
@@ -99,3 +99,11 @@ DANGEROUS = frozenset(
         "chunked_tail_k_plus_1/0",
     }
 )
+#: Without speculation the chunked prompt's last token runs over the state its
+#: earlier chunks left: a decode to the builders, which keeps the decode graph.
+DANGEROUS_WITHOUT_SPECULATION = DANGEROUS - {"chunked_tail_k_plus_1/0"}
+
+
+def dangerous(k: int) -> frozenset[str]:
+    """The answers a hazardous step corrupts (plugin disabled) at this K."""
+    return DANGEROUS if k else DANGEROUS_WITHOUT_SPECULATION

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from vllm_graphsafe.emulator.hazard import (
     EmulatorState,
     StepObservation,
+    builder_prefill_rows,
     corrupted_tokens,
     dispatched_uniform_decode,
-    rows_in_prompt,
+    step_prefill_rows,
 )
 
 VOCAB = 2048
@@ -32,24 +35,55 @@ def test_reads_the_uniform_decode_handed_to_dispatch(
     assert dispatched_uniform_decode(args, kwargs) is expected
 
 
-def test_a_row_is_in_its_prompt_until_it_has_computed_all_of_it() -> None:
-    req_ids = ["fresh", "tail", "done", "decoding", None]
-    computed = [0, 128, 132, 140, 0]
-    prompt = [4, 132, 132, 132, 9]
-    assert rows_in_prompt(req_ids, computed, prompt) == ("fresh", "tail")
+K = 3
+
+
+@pytest.mark.parametrize(
+    ("width", "drafts", "computed", "prefill"),
+    [
+        (K + 1, None, 0, True),  # a fresh prompt of K+1 tokens
+        (K + 1, None, 128, True),  # the K+1 tail of a prompt after a prefix hit
+        (K + 1, None, 140, True),  # K+1 tokens re-computed after preemption
+        (K + 1, (0, 0, 0), 131, False),  # a prompt tail padded with placeholders
+        (K + 1, (7, 8, 9), 140, False),  # a speculative decode
+        (2, (7,), 140, False),  # a decode with one draft
+        (1, None, 0, True),  # a fresh one-token prompt (no speculation)
+        (1, None, 64, False),  # the last token of a chunked prompt
+        (1, (), 140, False),  # a decode the drafter proposed nothing for
+        (K + 1, (7,), 140, True),  # more tokens than one plus its drafts
+    ],
+)
+def test_rows_the_builders_run_as_prefills(
+    width: int, drafts: tuple[int, ...] | None, computed: int, prefill: bool
+) -> None:
+    scheduled_drafts = {} if drafts is None else {"r": list(drafts)}
+    rows = builder_prefill_rows({"r": width}, scheduled_drafts, {"r": computed})
+    assert rows == (("r",) if prefill else ())
+
+
+def test_prefill_rows_of_a_scheduler_output() -> None:
+    output = SimpleNamespace(
+        num_scheduled_tokens={"fresh": 4, "decoding": 4, "tail": 1, "resumed": 4},
+        scheduled_spec_decode_tokens={"decoding": [1, 2, 3]},
+        scheduled_new_reqs=[SimpleNamespace(req_id="fresh", num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["decoding", "tail", "resumed"], num_computed_tokens=[40, 64, 9]
+        ),
+    )
+    assert step_prefill_rows(output) == ("fresh", "resumed")
 
 
 def observe(
-    scheduled: tuple[str, ...], uniform: bool | None, in_prompt: tuple[str, ...]
+    scheduled: tuple[str, ...], uniform: bool | None, prefill_rows: tuple[str, ...]
 ) -> StepObservation:
-    observation = StepObservation(scheduled)
+    observation = StepObservation(scheduled, prefill_rows)
     if uniform is not None:
-        observation.observe(uniform, in_prompt)
+        observation.observe(uniform)
     return observation
 
 
 @pytest.mark.parametrize(
-    ("uniform", "in_prompt", "hazardous"),
+    ("uniform", "prefill_rows", "hazardous"),
     [
         (True, ("p",), True),  # the bug: a decode graph over a prompt chunk
         (True, (), False),  # genuine uniform decode
@@ -58,10 +92,10 @@ def observe(
     ],
 )
 def test_only_uniform_decode_with_a_prompt_row_is_hazardous(
-    uniform: bool, in_prompt: tuple[str, ...], hazardous: bool
+    uniform: bool, prefill_rows: tuple[str, ...], hazardous: bool
 ) -> None:
     state = EmulatorState()
-    hazard = state.finish_step(observe(("p", "d"), uniform, in_prompt))
+    hazard = state.finish_step(observe(("p", "d"), uniform, prefill_rows))
     assert (hazard is not None) is hazardous
     assert state.poisoned == ({"p", "d"} if hazardous else set())
     assert state.real_steps == 1
@@ -75,9 +109,9 @@ def test_a_step_that_never_reached_the_dispatcher_is_not_counted() -> None:
 
 
 def test_the_last_dispatch_of_a_step_decides() -> None:
-    observation = StepObservation(("p",))
-    observation.observe(True, ("p",))
-    observation.observe(False, ("p",))  # re-dispatched, e.g. after DP padding
+    observation = StepObservation(("p",), ("p",))
+    observation.observe(True)
+    observation.observe(False)  # re-dispatched, e.g. after DP padding
     assert not observation.hazardous
 
 
@@ -99,4 +133,4 @@ def test_a_poisoned_request_stays_poisoned_until_it_finishes() -> None:
     assert state.corrupt(["p", "d"], [[1], [2]], VOCAB) == [[1], [VOCAB]]
     state.forget(["d"])
     assert state.corrupt(["p", "d"], [[1], [2]], VOCAB) is None
-    assert [hazard.in_prompt for hazard in state.hazards] == [("p",)]
+    assert [hazard.prefill_rows for hazard in state.hazards] == [("p",)]
