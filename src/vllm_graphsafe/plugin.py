@@ -5,7 +5,9 @@ what the operator set: the statistics directory (``GRAPHSAFE_STATS_DIR``) and
 the private directory behind ``/metrics``, which the API server creates and
 names in ``GRAPHSAFE_METRICS_DIR`` before vLLM starts its engine processes, so
 that they inherit it. The counts themselves read no environment: this module
-decides which directories they write into and hands those over.
+decides which directories they write into and hands those over. It also has
+vLLM copy the ``GRAPHSAFE_*`` variables to the Ray actors it starts, which
+inherit nothing from the process that starts them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from vllm_graphsafe.counts.private_files import (
 )
 from vllm_graphsafe.fixes import all_patches
 from vllm_graphsafe.registry import PatchFailedError, Registry
-from vllm_graphsafe.settings import METRICS_DIR_ENV, Settings, read_settings, warn_once
+from vllm_graphsafe.settings import (
+    METRICS_DIR_ENV,
+    Settings,
+    ray_copy_prefixes,
+    read_settings,
+    warn_once,
+)
 
 #: Set where vLLM serves a multi-process registry (``--api-server-count`` above 1).
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -45,6 +53,9 @@ def registry() -> Registry:
 
 def register() -> None:
     """Apply every patch this vLLM needs. Idempotent; never raises unless strict."""
+    # First, so that the settings (GRAPHSAFE_DISABLE included) reach the Ray
+    # actors this process may start even where the patches fail or are disabled.
+    send_settings_to_ray_actors()
     _load_graph_hazard_emulator()
     first_time = _REGISTRY is None
     try:
@@ -67,6 +78,25 @@ def register() -> None:
         # ops: logged once vLLM's logging is configured (the API server loads
         # plugins before it configures logging).
         counts.STATS.announce(_vllm_logger(), f"vllm-graphsafe: {registry().summary()}")
+
+
+def send_settings_to_ray_actors() -> None:
+    """Add ``GRAPHSAFE_`` to the prefixes of the variables vLLM copies to the Ray
+    actors it starts (:func:`vllm_graphsafe.settings.ray_copy_prefixes`).
+
+    Runs before vLLM starts them: vLLM loads the plugins before it creates an
+    executor or its data-parallel engine actors, and reads the variable from
+    the environment when it copies.
+    """
+    try:
+        vllm_variables = vllm_layout.load_name(
+            vllm_layout.ENVS, "environment_variables"
+        )
+        prefixes = ray_copy_prefixes(os.environ, vllm_variables)
+    except Exception:  # a vLLM without them: its Ray actors get what vLLM copies
+        return
+    if prefixes is not None:
+        os.environ[vllm_layout.RAY_EXTRA_ENV_PREFIXES] = prefixes
 
 
 # --- the counts' directories, from the environment ------------------------------

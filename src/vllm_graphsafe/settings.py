@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
+
+from vllm_graphsafe.vllm_layout import RAY_EXTRA_ENV_PREFIXES
+
+#: The prefix of every variable of the plugin's, the ones it sets included.
+SETTINGS_PREFIX = "GRAPHSAFE_"
 
 DISABLE_ENV = "GRAPHSAFE_DISABLE"
 STRICT_ENV = "GRAPHSAFE_STRICT"
@@ -120,6 +125,31 @@ def read_settings(
         problems=tuple(problems),
         deprecated=tuple(deprecated),
     )
+
+
+def ray_copy_prefixes(
+    environ: Mapping[str, str], vllm_variables: Container[str]
+) -> str | None:
+    """The value of vLLM's extra prefixes to copy to its Ray actors, with
+    ``GRAPHSAFE_`` added; None to leave the environment as it is.
+
+    vLLM copies to the Ray actors it starts (the legacy Ray executor's workers,
+    the data-parallel engine actors) only the variables with its own prefixes
+    and those of ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``. The operator's
+    prefixes stay as written; ``GRAPHSAFE_`` is added at the end unless one of
+    them already covers it. Added whether or not a ``GRAPHSAFE_*`` variable is
+    set: vLLM copies only the variables that are, and it hashes this variable
+    into its torch.compile cache key, which then does not change with the
+    settings. None where this vLLM does not know the variable
+    (``vllm_variables``): it would copy nothing more, and warn about it.
+    """
+    if RAY_EXTRA_ENV_PREFIXES not in vllm_variables:
+        return None
+    current = environ.get(RAY_EXTRA_ENV_PREFIXES, "")
+    prefixes = [part.strip() for part in current.split(",") if part.strip()]
+    if any(SETTINGS_PREFIX.startswith(prefix) for prefix in prefixes):
+        return None
+    return f"{current},{SETTINGS_PREFIX}" if prefixes else SETTINGS_PREFIX
 
 
 def emulate_graph_hazard(environ: Mapping[str, str] | None = None) -> bool:

@@ -77,6 +77,29 @@ SERVING_BENCHMARK = "vllm.benchmarks.serve"
 #: ``FlexibleArgumentParser``, which the serving benchmark's options expect.
 ARGPARSE_UTILS = "vllm.utils.argparse_utils"
 
+# --- Ray: what reaches the actors vLLM starts, and which actor a process is ------
+#: vLLM's environment variables, as ``environment_variables`` (name -> getter).
+ENVS = "vllm.envs"
+#: ``get_env_vars_to_copy``: what vLLM copies to its Ray actors (the legacy Ray
+#: executor's workers, the data-parallel engine actors).
+RAY_ENV = "vllm.ray.ray_env"
+#: ``get_driver_env_vars``: what the default Ray executor (``RayExecutorV2``) copies.
+RAY_ENV_UTILS = "vllm.v1.executor.ray_env_utils"
+#: vLLM's variable for extra prefixes of the variables it copies (0.22.1-0.33.0).
+RAY_EXTRA_ENV_PREFIXES = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+#: The legacy Ray executor (gone in 0.33), opt-in with
+#: ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``.
+RAY_EXECUTOR = "vllm.v1.executor.ray_executor"
+#: The Ray actor classes vLLM runs a worker in: the legacy executor's and the
+#: default executor's.
+RAY_WORKER_WRAPPER = "vllm.v1.executor.ray_utils"
+RAY_WORKER_WRAPPER_CLASS = "RayWorkerWrapper"
+RAY_EXECUTOR_V2 = "vllm.v1.executor.ray_executor_v2"
+RAY_WORKER_PROC_CLASS = "RayWorkerProc"
+#: The Ray actor classes vLLM runs an engine core in (``--data-parallel-backend ray``).
+ENGINE_CORE = "vllm.v1.engine.core"
+RAY_ENGINE_CORE_ACTOR_CLASSES = ("EngineCoreActor", "DPMoEEngineCoreActor")
+
 #: The runner modules ``doctor`` reports on, by the name operators know them by.
 RUNNERS = {
     "V1 (gpu_model_runner)": V1_RUNNER,

@@ -18,7 +18,7 @@ from typing import Any
 
 from vllm_graphsafe.counts import private_files
 from vllm_graphsafe.counts.page import merged_counts, page_beside, read_counts_page
-from vllm_graphsafe.counts.roles import dp_rank_of, process_role
+from vllm_graphsafe.counts.roles import current_role, dp_rank_of
 
 SUFFIX = ".json"
 
@@ -44,7 +44,7 @@ def process_record(
     return {
         "pid": os.getpid(),
         "ppid": os.getppid(),
-        "role": process_role(name),
+        "role": current_role(),
         "dp_rank": dp_rank_of(name),
         "process_name": name,
         "written_at": time.time(),

@@ -1,4 +1,5 @@
-"""Which of vLLM's processes this is, from the name vLLM gives it.
+"""Which of vLLM's processes this is, from the name vLLM gives it, or in a Ray
+actor from the vLLM class Ray runs it as.
 
 A record names its process by role and DP rank, never by its command line
 (which can hold an API key).
@@ -7,9 +8,11 @@ A record names its process by role and DP rank, never by its command line
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import sys
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.vllm_layout import SERVER_MODULES
 
 ROLE_API_SERVER = "api_server"
@@ -23,6 +26,21 @@ SPAWNED_API_SERVER_PREFIX = "ApiServer"
 
 _DP_RANK_IN_NAME = re.compile(r"_DP(\d+)")
 
+#: vLLM's Ray actor classes (``module.Class``), by the role of the process Ray
+#: runs each in.
+RAY_ACTOR_ROLES = {
+    f"{vllm_layout.RAY_WORKER_WRAPPER}.{vllm_layout.RAY_WORKER_WRAPPER_CLASS}": (
+        ROLE_WORKER
+    ),
+    f"{vllm_layout.RAY_EXECUTOR_V2}.{vllm_layout.RAY_WORKER_PROC_CLASS}": ROLE_WORKER,
+    **{
+        f"{vllm_layout.ENGINE_CORE}.{name}": ROLE_ENGINE_CORE
+        for name in vllm_layout.RAY_ENGINE_CORE_ACTOR_CLASSES
+    },
+}
+
+_ray_actor_role_in: tuple[int, str | None] | None = None
+
 
 def process_role(process_name: str) -> str:
     """The vLLM role of a process, from the name vLLM gives its processes."""
@@ -34,8 +52,44 @@ def process_role(process_name: str) -> str:
 
 
 def current_role() -> str:
-    """The vLLM role of this process."""
-    return process_role(multiprocessing.current_process().name)
+    """The vLLM role of this process: in a Ray actor, that of the vLLM class Ray
+    runs it as (Ray names every actor process ``MainProcess``), else from its name."""
+    return ray_actor_role() or process_role(multiprocessing.current_process().name)
+
+
+def ray_actor_role() -> str | None:
+    """The role of this process if Ray runs it as one of vLLM's actor classes.
+
+    Decided once per process, at the first call: the plugin makes it while vLLM
+    sets the actor up (``init_worker`` loads the plugins), which is when Ray names
+    the task running, e.g. ``<module>.RayWorkerProc.initialize_worker``; a thread
+    the actor starts later has no task of vLLM's.
+    """
+    global _ray_actor_role_in
+    if _ray_actor_role_in is None or _ray_actor_role_in[0] != os.getpid():
+        _ray_actor_role_in = (os.getpid(), _role_of_running_ray_task())
+    return _ray_actor_role_in[1]
+
+
+def _role_of_running_ray_task() -> str | None:
+    # Only a process Ray started has Ray loaded: importing it here would cost
+    # seconds in every other vLLM process.
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is None:  # a driver: Ray warns on task names there
+            return None
+        task = context.get_task_function_name() or ""
+    except Exception:  # a Ray without these calls: the process name decides
+        return None
+    for actor_class, role in RAY_ACTOR_ROLES.items():
+        if task.startswith(f"{actor_class}."):
+            return role
+    return None
 
 
 def serves_http() -> bool:
@@ -62,9 +116,10 @@ def is_root_process() -> bool:
 
 def serves_vllm() -> bool:
     """Whether this process is one of vLLM's serving processes below the root:
-    an engine core, a worker, or an API server vLLM spawned. Others that inherit
-    the metrics directory (vLLM's model-inspection subprocess, a script started
-    from the server's environment) stay out of ``/metrics``."""
+    an engine core, a worker (in a Ray actor too), or an API server vLLM
+    spawned. Others that inherit the metrics directory (vLLM's model-inspection
+    subprocess, a script started from the server's environment) stay out of
+    ``/metrics``."""
     return current_role() in (ROLE_ENGINE_CORE, ROLE_WORKER) or is_spawned_api_server()
 
 
