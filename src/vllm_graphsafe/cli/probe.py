@@ -14,7 +14,13 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, CheckResult
+from vllm_graphsafe.probe.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    CheckResult,
+    not_run_sentences,
+)
 from vllm_graphsafe.probe.dispatch_stats import render_dispatch_stats
 from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
@@ -97,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-tokens",
         type=int,
         default=DEFAULT_DECODE_TOKENS,
-        help="tokens of the long decode (default: %(default)s)",
+        help="least tokens of the long decode; it runs on until every inserted "
+        "prompt is answered, as far as the context allows (default: %(default)s)",
     )
     parser.add_argument(
         "--vocab-size",
@@ -145,7 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress bar; only failed checks and the summary line",
+        help="no progress bar; only the checks that failed or could not run, and "
+        "the summary line",
     )
 
 
@@ -188,9 +196,15 @@ def run(args: argparse.Namespace) -> int:
     return show_result(result, settings.json_path, quiet=getattr(args, "quiet", False))
 
 
+#: How the table shows each check status.
+STATUS_LABELS = {PASS: "PASS", FAIL: "FAIL", SKIP: "NOT RUN"}
+
+
 def format_table(checks: Sequence[CheckResult]) -> str:
     rows = [("check", "length", "result", "detail")]
-    rows += [(c.name, c.length_label, c.status.upper(), c.detail) for c in checks]
+    rows += [
+        (c.name, c.length_label, STATUS_LABELS[c.status], c.detail) for c in checks
+    ]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     lines = [
         f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}"
@@ -200,14 +214,18 @@ def format_table(checks: Sequence[CheckResult]) -> str:
 
 
 def summary_line(checks: Sequence[CheckResult]) -> str:
-    counts = {
-        status: sum(c.status == status for c in checks) for status in (PASS, FAIL, SKIP)
-    }
-    verdict = "FAILED" if counts[FAIL] else "passed"
-    return (
-        f"probe {verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, "
-        f"{counts[SKIP]} skipped"
-    )
+    """The verdict: "passed" only when every check ran and passed."""
+    total = len(checks)
+    failed = sum(c.status == FAIL for c in checks)
+    not_run = sum(c.status == SKIP for c in checks)
+    if failed:
+        line = f"probe FAILED: {failed} of {total} checks failed"
+        return line + (f", {not_run} could not run" if not_run else "")
+    if not_run:
+        return (
+            f"probe INCOMPLETE: {not_run} of {total} checks could not run; none failed"
+        )
+    return f"probe passed: all {total} checks passed"
 
 
 def show_result(
@@ -220,9 +238,10 @@ def show_result(
     """Show a probe's outcome and write its JSON report; return the exit status.
 
     The table goes to standard output, or to standard error when the JSON report
-    does (``json_path`` ``-``); ``quiet`` keeps only failed rows and the summary.
-    A report that cannot be written is one more sentence, and exit status 2 if
-    the probe itself passed.
+    does (``json_path`` ``-``); ``quiet`` keeps only the rows of checks that
+    failed or could not run, and the summary. Each check that could not run gets
+    one sentence on standard error. A report that cannot be written is one more
+    sentence, and exit status 2 if the probe itself passed.
     """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -230,11 +249,13 @@ def show_result(
         print(result.error, file=err)
     else:
         table_stream = err if json_path == "-" else out
-        failed = [check for check in result.checks if check.status == FAIL]
-        rows = failed if quiet else list(result.checks)
+        not_passed = [check for check in result.checks if check.status != PASS]
+        rows = not_passed if quiet else list(result.checks)
         if rows:
             print(format_table(rows), file=table_stream)
         print(summary_line(result.checks), file=table_stream)
+        for sentence in not_run_sentences(result.checks):
+            print(sentence, file=err)
     if result.dispatch_stats is not None:
         print("\n".join(render_dispatch_stats(dict(result.dispatch_stats))), file=err)
     late_errors = list(result.late_errors)

@@ -9,7 +9,8 @@ and judges the answers with small pure checks (``checks``).
 
 Modules, each one concept: ``settings`` (what to probe, checked before any
 request), ``plan`` (which lengths), ``client`` (HTTP through httpx), ``session``
-(the requests, in order), ``checks``, ``report`` (the JSON report's data),
+(the requests, in order), ``overlap`` (how the inserted prompts met the long
+decode, from its stream), ``checks``, ``report`` (the JSON report's data),
 ``dispatch_stats`` (the server's statistics), ``redaction`` (the API key out of
 everything returned), ``run`` (the entry point). Nothing here prints: the command
 line (:mod:`vllm_graphsafe.cli.probe`) shows the result and writes the report.

@@ -7,6 +7,9 @@
 ``concurrent``      prompts sent together answer as they do alone;
 ``ongoing_decode``  a long greedy decode is unchanged by boundary prompts inserted
                     while it runs.
+
+A check that could not run (``SKIP``) says why in its detail; a probe holding one
+never passes (:func:`not_run_sentences`).
 """
 
 from __future__ import annotations
@@ -135,13 +138,14 @@ def check_vocab(
     vocab_size: int | None,
     subject: str = "",
 ) -> CheckResult:
-    """No answer holds an id outside the vocabulary; ``subject`` prefixes the detail."""
+    """No answer holds an id outside the vocabulary; ``subject`` prefixes the detail
+    of a check that ran."""
     if vocab_size is None:
         return CheckResult(
             "vocab",
             lengths,
             SKIP,
-            f"{subject}vocabulary size unknown; pass --vocab-size",
+            "the server did not state the model's vocabulary size; pass --vocab-size",
         )
     bad_phases: list[str] = []
     bad_ids: set[int] = set()
@@ -222,7 +226,9 @@ def check_controls(
     threshold: int = REPETITION_THRESHOLD,
 ) -> CheckResult:
     if not control_outputs:
-        return CheckResult("controls", (length,), SKIP, "no control lengths")
+        return CheckResult(
+            "controls", (length,), SKIP, "no control length fits the model"
+        )
     controls = ", ".join(str(n) for n in sorted(control_outputs))
     boundary_kinds: set[str] = set()
     for output in boundary_outputs:
@@ -268,14 +274,33 @@ def continues_counting(text: str, at_least: int = 5) -> bool:
     return len(numbers) == at_least and numbers == list(range(11, 11 + at_least))
 
 
+def same_decode(solo: Completion, perturbed: Completion) -> bool:
+    """Whether two greedy decodes generated the same tokens.
+
+    The ids are the decode; its text arrives in pieces and the perturbed stream
+    is cut mid-way, so text is compared only when no ids came back.
+    """
+    if solo.token_ids or perturbed.token_ids:
+        return solo.token_ids == perturbed.token_ids
+    return solo.text == perturbed.text
+
+
 def check_ongoing_decode(
     lengths: tuple[int, ...],
     solo: Completion,
     perturbed: Completion,
     overlapped_inserts: int,
+    inserted: int,
+    why_no_overlap: str = "",
 ) -> CheckResult:
+    """The decode with prompts inserted equals the solo decode, and it overlapped.
+
+    ``overlapped_inserts`` of the ``inserted`` prompts were answered while the
+    decode still streamed; with none the check could not run, for
+    ``why_no_overlap``.
+    """
     counting = "continues counting" if continues_counting(solo.text) else "not counting"
-    if not same_output(solo, perturbed):
+    if not same_decode(solo, perturbed):
         return CheckResult(
             "ongoing_decode",
             lengths,
@@ -288,13 +313,30 @@ def check_ongoing_decode(
             "ongoing_decode",
             lengths,
             SKIP,
-            "the decode ended before any boundary prompt arrived; "
-            "raise --decode-tokens",
+            why_no_overlap or "no boundary prompt was answered while the decode ran",
         )
     return CheckResult(
         "ongoing_decode",
         lengths,
         PASS,
-        f"{len(solo.token_ids)} tokens match the solo run with {overlapped_inserts} "
-        f"prompts inserted while it ran ({counting})",
+        f"{len(solo.token_ids)} tokens match the solo run; {overlapped_inserts} of "
+        f"{inserted} boundary prompts were answered while it ran ({counting})",
     )
+
+
+def not_run_sentences(checks: Sequence[CheckResult]) -> list[str]:
+    """One sentence per check that could not run for one reason: which, and why."""
+    lengths_by_reason: dict[tuple[str, str], list[str]] = {}
+    for check in checks:
+        if check.status == SKIP:
+            key = (check.name, check.detail)
+            lengths_by_reason.setdefault(key, []).append(check.length_label)
+    sentences = []
+    for (name, detail), labels in lengths_by_reason.items():
+        shown = [label for label in labels if label != "-"]
+        where = ""
+        if shown:
+            noun = "length" if len(shown) == 1 else "lengths"
+            where = f" for {noun} {', '.join(shown)}"
+        sentences.append(f"The {name} check could not run{where}: {detail}.")
+    return sentences

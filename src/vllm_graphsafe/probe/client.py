@@ -11,7 +11,7 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from vllm_graphsafe.probe.answers import error_detail
@@ -123,12 +123,20 @@ class ServerClient:
     def post_json(self, path: str, payload: Mapping[str, Any]) -> Any:
         return self._exchange("POST", path, payload)
 
-    def post_stream(self, path: str, payload: Mapping[str, Any]) -> Iterator[Any]:
-        """The JSON events of a server-sent event stream, until ``[DONE]``."""
+    def post_stream(
+        self, path: str, payload: Mapping[str, Any], limit_s: float | None = None
+    ) -> Generator[Any, None, None]:
+        """The JSON events of a server-sent event stream, until ``[DONE]``.
+
+        The whole stream must end within ``limit_s`` (default: the timeout);
+        closing the generator early closes the connection, which ends the
+        request on the server.
+        """
         import httpx
 
         self.budget.take()
-        deadline = time.monotonic() + self.timeout
+        limit = self.timeout if limit_s is None else limit_s
+        deadline = time.monotonic() + limit
         try:
             with self._http.stream("POST", path, json=dict(payload)) as response:
                 if not response.is_success:
@@ -136,7 +144,7 @@ class ServerClient:
                     self._raise_for_status(response, "POST", path)
                 for line in response.iter_lines():
                     if time.monotonic() > deadline:
-                        raise self._timeout("POST", path)
+                        raise self._timeout("POST", path, limit)
                     if not line.startswith("data:"):
                         continue
                     data = line[len("data:") :].strip()
@@ -211,10 +219,13 @@ class ServerClient:
             f"{method} {path} ({type(error).__name__}).",
         )
 
-    def _timeout(self, method: str, path: str) -> ProbeError:
+    def _timeout(
+        self, method: str, path: str, limit_s: float | None = None
+    ) -> ProbeError:
+        limit = self.timeout if limit_s is None else limit_s
         return ProbeError(
             EXIT_TIMEOUT,
-            f"{method} {path} got no complete answer within {self.timeout:g} seconds, "
+            f"{method} {path} got no complete answer within {limit:g} seconds, "
             f"so the server may be hung.",
         )
 

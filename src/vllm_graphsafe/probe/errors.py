@@ -13,11 +13,13 @@ EXIT_TIMEOUT = 7
 EXIT_REQUEST_BUDGET = 8
 EXIT_BAD_RESPONSE = 9
 EXIT_API_KEY = 10
+# 11-13 are the demo's own statuses; the demo returns the probe's, so none is reused.
+EXIT_INCOMPLETE = 14
 EXIT_INTERRUPTED = 130
 
 #: Every exit status and what it means, for ``--help`` and the README.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "every check passed"),
+    (EXIT_OK, "every check ran and passed"),
     (EXIT_CHECK_FAILED, "a check failed: the server answered wrongly"),
     (EXIT_BAD_ARGUMENT, "bad argument, or no boundary length fits the model"),
     (EXIT_UNREACHABLE, "the server cannot be reached or dropped the connection"),
@@ -28,6 +30,10 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_REQUEST_BUDGET, "the probe needs more requests than --max-requests"),
     (EXIT_BAD_RESPONSE, "the server does not answer like vLLM (not a vLLM server)"),
     (EXIT_API_KEY, "the server wants an API key, or refused the one given"),
+    (
+        EXIT_INCOMPLETE,
+        "no check failed, but a check could not run (it says which, why)",
+    ),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
 )
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP
+from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, not_run_sentences
 
 if TYPE_CHECKING:
     from vllm_graphsafe.probe.session import ProbeState
@@ -42,7 +42,7 @@ def build_report(
                 "name": c.name,
                 "lengths": list(c.lengths),
                 "status": c.status,
-                "passed": c.status != FAIL,
+                "passed": c.status == PASS,
                 "detail": c.detail,
             }
             for c in checks
@@ -51,6 +51,7 @@ def build_report(
             status: sum(c.status == status for c in checks)
             for status in (PASS, FAIL, SKIP)
         },
+        "not_run": not_run_sentences(checks),
         "samples": [
             {
                 "length": s.length,

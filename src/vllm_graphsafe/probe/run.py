@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from vllm_graphsafe.probe.checks import FAIL, CheckResult
+from vllm_graphsafe.probe.checks import FAIL, SKIP, CheckResult
 from vllm_graphsafe.probe.client import RequestBudget, ServerClient
 from vllm_graphsafe.probe.dispatch_stats import read_dispatch_stats
 from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
     EXIT_CHECK_FAILED,
+    EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_REQUEST_BUDGET,
     ProbeError,
@@ -53,6 +54,16 @@ class ProbeResult:
     @property
     def passed(self) -> bool:
         return self.exit_code == EXIT_OK
+
+
+def checks_exit_status(checks: tuple[CheckResult, ...] | list[CheckResult]) -> int:
+    """1 when a check failed, else 14 when one could not run, else 0: a probe
+    that did not run every check never passes."""
+    if any(check.status == FAIL for check in checks):
+        return EXIT_CHECK_FAILED
+    if any(check.status == SKIP for check in checks):
+        return EXIT_INCOMPLETE
+    return EXIT_OK
 
 
 def run_probe(
@@ -97,8 +108,7 @@ def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
             base_url, settings.timeout, budget, progress, settings.api_key
         ) as client:
             state.checks = ProbeSession(client, state).execute()
-        failed = any(check.status == FAIL for check in state.checks)
-        exit_code = EXIT_CHECK_FAILED if failed else EXIT_OK
+        exit_code = checks_exit_status(state.checks)
     except ProbeError as error:
         exit_code = error.exit_status
         error_message = error.message

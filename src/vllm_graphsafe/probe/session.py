@@ -9,16 +9,21 @@ Vocabulary size: the settings' ``vocab_size`` wins. Otherwise the probe sends on
 completion whose ``logit_bias`` names token id 2**31-1; vLLM (0.8.5 and later)
 rejects it with HTTP 400 and a message that states the model's vocabulary size,
 which is the width of the logits and therefore the bound on sampled ids. When the
-server accepts the request or does not state a size, the ``vocab`` check is
-skipped and the report says so; ``controls`` still compares the boundary with its
+server accepts the request or does not state a size, the ``vocab`` check cannot
+run and the report says so; ``controls`` still compares the boundary with its
 controls.
+
+Long decode: the decode with boundary prompts inserted is sized by the server
+itself. It is asked for as many tokens as the context allows and read until every
+inserted prompt is answered (``overlap``); the solo decode then asks for exactly
+as many tokens as that stream gave, and the two must match.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,6 +55,7 @@ from vllm_graphsafe.probe.errors import (
     HttpStatusError,
     ProbeError,
 )
+from vllm_graphsafe.probe.overlap import DecodeWatch, InsertSpan
 from vllm_graphsafe.probe.plan import (
     ProbePlan,
     build_prompt,
@@ -62,6 +68,26 @@ INSTRUCTION = "Reply with OK."
 DECODE_PROMPT = "1 2 3 4 5 6 7 8 9 10"
 # Far beyond any real vocabulary, so the server must reject it and name the size.
 VOCAB_PROBE_TOKEN_ID = 2**31 - 1
+#: Room left in the context for the counting prompt: about 20 tokens in any
+#: tokenizer, one per character at worst, plus its special tokens.
+DECODE_PROMPT_ROOM = 32
+#: Without a stated max_model_len, the long decode may run to this many times
+#: --decode-tokens.
+UNKNOWN_CONTEXT_DECODE_FACTOR = 16
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """The decode with prompts inserted, each inserted prompt's answer and span."""
+
+    decode: Completion
+    inserts: tuple[tuple[InsertSpan, Completion], ...]
+    #: Tokens the stream gave, counted as the spans count them.
+    streamed: int
+
+    @property
+    def overlapped(self) -> int:
+        return sum(span.overlapped(self.streamed) for span, _ in self.inserts)
 
 
 @dataclass
@@ -88,6 +114,7 @@ class ProbeSession:
         self.settings = state.settings
         self.prompts: dict[int, list[int]] = {}
         self.decode_tokens = state.settings.decode_tokens
+        self.decode_limit = self.decode_tokens * UNKNOWN_CONTEXT_DECODE_FACTOR
         self._samples_lock = threading.Lock()
 
     @property
@@ -112,10 +139,11 @@ class ProbeSession:
         self.client.progress.set_total(self.state.plan.request_count)
         notes = list(self.state.plan.notes)
         max_model_len = self.state.model.max_model_len
-        # Room for the counting prompt, which is a few tokens in any tokenizer.
-        if max_model_len is not None and self.decode_tokens > max_model_len - 64:
-            self.decode_tokens = max(max_model_len - 64, 1)
-            notes.append(f"long decode shortened to {self.decode_tokens} tokens")
+        if max_model_len is not None:
+            self.decode_limit = max(max_model_len - DECODE_PROMPT_ROOM, 1)
+            if self.decode_tokens > self.decode_limit:
+                self.decode_tokens = self.decode_limit
+                notes.append(f"long decode shortened to {self.decode_tokens} tokens")
         for length in self.state.plan.solo_lengths:
             self.prompts[length] = build_prompt(instruction_ids, filler_id, length)
             if length < len(instruction_ids):
@@ -255,7 +283,11 @@ class ProbeSession:
         }
         if stream:
             payload["stream"] = True
-            payload["stream_options"] = {"include_usage": True}
+            # Usage on every event counts the tokens, with or without their ids.
+            payload["stream_options"] = {
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
             # The long decode must last; greedy output stays deterministic anyway.
             payload["ignore_eos"] = True
         return payload
@@ -276,45 +308,63 @@ class ProbeSession:
         return output
 
     def stream_decode(
-        self, phase: str, on_first_token: Callable[[], None] | None = None
+        self, max_tokens: int, watch: DecodeWatch | None = None
     ) -> Completion:
-        payload = self._completion_payload(
-            DECODE_PROMPT, self.decode_tokens, stream=True
-        )
+        """The counting prompt's greedy decode, streamed; ``watch`` follows it
+        and may have the probe close the stream before the server ends it."""
+        payload = self._completion_payload(DECODE_PROMPT, max_tokens, stream=True)
         pieces: list[str] = []
         ids: list[int] = []
         ids_complete = True
         finish_reason = None
-        for event in self.client.post_stream("/v1/completions", payload):
-            if not isinstance(event, dict):
-                continue
-            usage = event.get("usage")
-            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                self.state.decode_prompt_tokens = usage["prompt_tokens"]
-            choices = event.get("choices")
-            if not isinstance(choices, list) or not choices:
-                continue
-            choice = choices[0]
-            if not isinstance(choice, dict):
-                continue
-            text = str(choice.get("text") or "")
-            chunk_ids = token_ids_of(choice)
-            if chunk_ids is None:
-                ids_complete = ids_complete and not text
-            else:
-                ids.extend(chunk_ids)
-            pieces.append(text)
-            finish_reason = choice.get("finish_reason") or finish_reason
-            if (text or chunk_ids) and on_first_token is not None:
-                on_first_token()
-                on_first_token = None
+        streamed = 0
+        # The decode may last while each inserted prompt takes up to --timeout.
+        inserts = len(self.state.plan.decode_inserts)
+        events = self.client.post_stream(
+            "/v1/completions", payload, limit_s=self.settings.timeout * (inserts + 1)
+        )
+        try:
+            for event in events:
+                if not isinstance(event, dict):
+                    continue
+                usage = event.get("usage")
+                usage = usage if isinstance(usage, dict) else {}
+                if isinstance(usage.get("prompt_tokens"), int):
+                    self.state.decode_prompt_tokens = usage["prompt_tokens"]
+                choices = event.get("choices")
+                if not isinstance(choices, list) or not choices:
+                    continue
+                choice = choices[0]
+                if not isinstance(choice, dict):
+                    continue
+                text = str(choice.get("text") or "")
+                chunk_ids = token_ids_of(choice)
+                if chunk_ids is None:
+                    ids_complete = ids_complete and not text
+                    streamed += bool(text)
+                else:
+                    ids.extend(chunk_ids)
+                    streamed += len(chunk_ids)
+                if isinstance(usage.get("completion_tokens"), int):
+                    streamed = usage["completion_tokens"]
+                pieces.append(text)
+                finish_reason = choice.get("finish_reason") or finish_reason
+                if watch is not None:
+                    watch.streamed(streamed)
+                    if watch.may_stop():
+                        break
+        finally:
+            events.close()
+            if watch is not None:
+                watch.ended()
         text = "".join(pieces)
         if not ids_complete:
             ids = self._tokenize({"prompt": text, "add_special_tokens": False})
-        output = Completion(tuple(ids), text, finish_reason)
+        return Completion(tuple(ids), text, finish_reason)
+
+    def _record_decode(self, phase: str, output: Completion) -> None:
         length = self.state.decode_prompt_tokens or 0
         self._record(Sample(length, phase, output, prompt="counting prompt"))
-        return output
 
     def _record(self, sample: Sample) -> None:
         with self._samples_lock:
@@ -341,23 +391,49 @@ class ProbeSession:
             futures = [pool.submit(send, length) for length in group]
             return [future.result() for future in futures]
 
-    def run_decode_with_inserts(
-        self,
-    ) -> tuple[Completion, list[tuple[int, Completion, bool]]]:
-        decoding = threading.Event()
-        inserts: list[tuple[int, Completion, bool]] = []
+    def run_decode_with_inserts(self) -> DecodeRun:
+        """The long decode, with each boundary prompt sent in turn while it streams.
+
+        The decode runs until every inserted prompt is answered (or until the
+        context is full); how each one met it is measured from its stream.
+        """
+        watch = DecodeWatch(self.decode_tokens)
+        spans: list[tuple[InsertSpan, Completion]] = []
         with ThreadPoolExecutor(max_workers=1) as pool:
             future: Future[Completion] = pool.submit(
-                self.stream_decode, "decode with inserts", decoding.set
+                self.stream_decode, self.decode_limit, watch
             )
-            while not decoding.wait(0.005) and not future.done():
-                pass
-            if future.done() and future.exception() is not None:
-                future.result()  # the stream failed before it began; raise its error
-            for length in self.state.plan.decode_inserts:
-                overlapped = not future.done()
-                inserts.append((length, self.complete(length, "inserted"), overlapped))
-            return future.result(), inserts
+            try:
+                while not watch.started.wait(0.005) and not future.done():
+                    pass
+                if future.done() and future.exception() is not None:
+                    future.result()  # the stream failed before it began
+                for length in self.state.plan.decode_inserts:
+                    sent_at = watch.tokens()
+                    output = self.complete(length, "inserted")
+                    spans.append((InsertSpan(length, sent_at, watch.tokens()), output))
+                watch.inserts_answered()
+            except BaseException:
+                watch.abandon()  # the stream must not run on to its limit
+                raise
+            decode = future.result()
+        return DecodeRun(decode, tuple(spans), watch.tokens())
+
+    def why_no_overlap(self, run: DecodeRun) -> str:
+        """Why no inserted prompt was answered while the decode ran, in a clause."""
+        streamed = run.streamed
+        if streamed >= self.decode_limit:
+            context = self.state.model.max_model_len if self.state.model else None
+            limit = f"max_model_len {context}" if context else "the probe"
+            return (
+                f"the decode reached its limit of {self.decode_limit} tokens (set by "
+                f"{limit}) before any inserted prompt was answered"
+            )
+        ending = run.decode.finish_reason or "no reason given"
+        return (
+            f"the server ended the decode after {streamed} tokens ({ending}) before "
+            f"any inserted prompt was answered"
+        )
 
     def execute(self) -> list[CheckResult]:
         self.discover()
@@ -368,22 +444,34 @@ class ProbeSession:
         for group in plan.groups:
             outputs = self.run_together(group)
             checks.append(check_concurrent(group, outputs, cold, "sent together"))
-        decode_solo = self.stream_decode("decode solo")
-        decode_perturbed, inserts = self.run_decode_with_inserts()
-        overlapped = 0
-        for length, output, did_overlap in inserts:
-            overlapped += did_overlap
+        perturbed = self.run_decode_with_inserts()
+        try:
+            # As long as the perturbed stream ran: greedy, so its prefix repeats.
+            solo_tokens = max(perturbed.streamed, 1)
+            decode_solo = self.stream_decode(solo_tokens)
+        finally:
+            self._record_decode("decode with inserts", perturbed.decode)
+        self._record_decode("decode solo", decode_solo)
+        for span, output in perturbed.inserts:
             checks.append(
-                check_concurrent((length,), [output], cold, "inserted during decode")
+                check_concurrent(
+                    (span.length,), [output], cold, "inserted during decode"
+                )
             )
         decode_lengths = (
             (self.state.decode_prompt_tokens,)
             if self.state.decode_prompt_tokens
             else ()
         )
+        overlapped = perturbed.overlapped
         checks.append(
             check_ongoing_decode(
-                decode_lengths, decode_solo, decode_perturbed, overlapped
+                decode_lengths,
+                decode_solo,
+                perturbed.decode,
+                overlapped,
+                len(perturbed.inserts),
+                "" if overlapped else self.why_no_overlap(perturbed),
             )
         )
         checks += solo_checks(plan, solo, self.state.vocab_size)

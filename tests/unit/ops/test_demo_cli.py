@@ -16,6 +16,7 @@ import pytest
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.cli import demo
 from vllm_graphsafe.cli.main import build_parser
+from vllm_graphsafe.probe import errors as probe_errors
 
 HIDE_VLLM = "import sys; sys.modules['vllm'] = None"
 
@@ -63,6 +64,9 @@ def test_help_lists_the_exit_statuses_and_only_real_flags(
         build_parser().parse_args(["demo", "--help"])
     text = capsys.readouterr().out
     assert "exit status:" in text and "143 SIGTERM" in text
+    # The demo returns the probe's status, the one for a check not run included.
+    not_run = rf"^ +{probe_errors.EXIT_INCOMPLETE} +the probe's: .*could not run"
+    assert re.search(not_run, text, flags=re.MULTILINE), text
     # The probe's hints name these; the demo must have them too.
     assert "--decode-tokens" in text
 

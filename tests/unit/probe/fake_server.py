@@ -54,6 +54,9 @@ class FakeConfig:
     states_vocab_size: bool = True
     overlap_window_s: float = 0.05
     stream_token_delay_s: float = 0.001
+    # Seconds each completion that is not streamed takes to answer once a
+    # streamed one has been asked for (the prompts inserted into the decode).
+    answer_delay_s: float = 0.0
     # Not vLLM at all: a plain web server answering every path with a 404 page.
     plain_web_server: bool = False
     # Like ``vllm serve --api-key``: every /v1 path wants this bearer token.
@@ -73,6 +76,9 @@ class ServerLog:
 
     requests: list[tuple[str, str]] = field(default_factory=list)
     completion_prompt_lengths: list[int] = field(default_factory=list)
+    #: Each answered completion that is not streamed: its prompt length, and
+    #: whether a stream was sending tokens from its arrival until its answer.
+    inside_a_stream: list[tuple[int, bool]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -112,6 +118,8 @@ class FakeVllm:
         self._lock = threading.Lock()
         self._seen_prompts: set[tuple[int, ...]] = set()
         self._active: list[dict[str, bool]] = []
+        self._streams_sending = 0
+        self._streams_asked = 0
         self._arrivals = 0
         self._completions = 0
         if config.stats_dir is not None:
@@ -174,6 +182,19 @@ class FakeVllm:
     def arrivals(self) -> int:
         with self._lock:
             return self._arrivals
+
+    def stream_sending(self, sending: bool) -> None:
+        with self._lock:
+            self._streams_sending += 1 if sending else -1
+            self._streams_asked += sending
+
+    def streams_asked(self) -> int:
+        with self._lock:
+            return self._streams_asked
+
+    def streams_sending(self) -> int:
+        with self._lock:
+            return self._streams_sending
 
 
 class FakeHandler(BaseHTTPRequestHandler):
@@ -293,9 +314,15 @@ class FakeHandler(BaseHTTPRequestHandler):
             if body.get("stream"):
                 self.stream(body, prompt, arrivals)
                 return
+            in_stream_at_arrival = self.fake.streams_sending() > 0
             if config.corrupt_overlapping:
                 time.sleep(config.overlap_window_s)
+            if self.fake.streams_asked():
+                time.sleep(config.answer_delay_s)
             ids = self.fake.answer(prompt, body["max_tokens"], warm)
+            self.fake.log.inside_a_stream.append(
+                (len(prompt), in_stream_at_arrival and self.fake.streams_sending() > 0)
+            )
             if config.corrupt_overlapping and marker["overlapped"]:
                 ids = [
                     hashed_token(prompt, i, "mixed", config.vocab_size)
@@ -327,10 +354,20 @@ class FakeHandler(BaseHTTPRequestHandler):
         )
 
     def stream(self, body: dict[str, Any], prompt: list[int], arrivals: int) -> None:
-        config = self.fake.config
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        self.fake.stream_sending(True)
+        try:
+            self.send_stream(body, prompt, arrivals)
+        finally:
+            self.fake.stream_sending(False)
+
+    def send_stream(
+        self, body: dict[str, Any], prompt: list[int], arrivals: int
+    ) -> None:
+        """The answer's events; a client that hangs up ends them (BrokenPipeError)."""
+        config = self.fake.config
         for index, token_id in enumerate(
             self.stream_ids(prompt, body["max_tokens"], arrivals)
         ):
@@ -343,7 +380,14 @@ class FakeHandler(BaseHTTPRequestHandler):
             }
             if body.get("return_token_ids") and not config.omit_token_ids:
                 choice["token_ids"] = [token_id]
-            self.send_event({"id": "cmpl-fake", "choices": [choice]})
+            event: dict[str, Any] = {"id": "cmpl-fake", "choices": [choice]}
+            if (body.get("stream_options") or {}).get("continuous_usage_stats"):
+                event["usage"] = {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": index + 1,
+                    "total_tokens": len(prompt) + index + 1,
+                }
+            self.send_event(event)
             time.sleep(config.stream_token_delay_s)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": body["max_tokens"]}
         self.send_event({"id": "cmpl-fake", "choices": [], "usage": usage})

@@ -121,15 +121,83 @@ def test_repetition_shared_with_controls_is_not_a_failure(
     assert set(result.statuses("controls").values()) == {"pass"}
 
 
-def test_vocab_check_is_skipped_when_the_server_does_not_state_the_size(
+def test_a_check_that_could_not_run_makes_the_probe_incomplete_never_passed(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    # The server does not state its vocabulary size: the vocab check cannot run.
     result, _ = probe_fake(capsys, tmp_path, FakeConfig(states_vocab_size=False))
 
-    assert result.status == errors.EXIT_OK
+    assert result.status == errors.EXIT_INCOMPLETE
     assert set(result.statuses("vocab").values()) == {"skip"}
+    assert "passed" not in result.stdout + result.stderr
+    assert "probe INCOMPLETE" in result.stdout
+    assert_one_sentence(result.stderr, "The vocab check could not run", "--vocab-size")
     assert result.report is not None
     assert result.report["server"]["vocab_size"] is None
+    assert result.report["exit_status"] == errors.EXIT_INCOMPLETE
+    assert result.report["not_run"] == [result.stderr.strip()]
+    assert not any(c["passed"] for c in result.report["checks"] if c["name"] == "vocab")
+
+
+def test_quiet_shows_the_checks_that_could_not_run_and_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = FakeConfig(states_vocab_size=False)
+    result, _ = probe_fake(capsys, tmp_path, config, "--quiet")
+
+    assert result.status == errors.EXIT_INCOMPLETE
+    rows = result.stdout.splitlines()[1:-1]
+    assert rows and all(row.split()[0] == "vocab" for row in rows), result.stdout
+    assert all("NOT RUN" in row for row in rows)
+    assert "passed" not in result.stdout + result.stderr
+    assert_one_sentence(result.stderr, "vocab", "could not run")
+
+
+def test_a_decode_that_would_end_at_once_still_meets_every_inserted_prompt(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 16 tokens at 0.5 ms each end long before one inserted prompt (50 ms) is
+    # answered: the probe must keep the decode streaming until all three are.
+    config = FakeConfig(stream_token_delay_s=0.0005, answer_delay_s=0.05)
+    result, server = probe_fake(capsys, tmp_path, config, "--decode-tokens", "16")
+
+    assert result.status == errors.EXIT_OK, result.stdout + result.stderr
+    # The server's own account: every boundary prompt inserted into the decode
+    # arrived while the decode was streaming and was answered before it stopped.
+    inside = [length for length, inside in server.log.inside_a_stream if inside]
+    assert sorted(inside) == list(BOUNDARIES)
+    assert result.report is not None
+    (decode_check,) = [
+        c for c in result.report["checks"] if c["name"] == "ongoing_decode"
+    ]
+    assert decode_check["status"] == "pass"
+    assert (
+        "3 of 3 boundary prompts were answered while it ran" in decode_check["detail"]
+    )
+    decodes = [s for s in result.report["samples"] if s["phase"].startswith("decode")]
+    assert len({len(s["token_ids"]) for s in decodes}) == 1
+    assert len(decodes[0]["token_ids"]) >= 16
+
+
+def test_a_decode_the_context_cannot_stretch_makes_the_probe_incomplete(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # max_model_len 70 leaves the decode 38 tokens, streamed at once: it ends
+    # long before the first inserted prompt (0.5 s) is answered, and nothing can
+    # lengthen it.
+    config = FakeConfig(max_model_len=70, stream_token_delay_s=0.0, answer_delay_s=0.5)
+    result, server = probe_fake(capsys, tmp_path, config)
+
+    assert result.status == errors.EXIT_INCOMPLETE, result.stdout + result.stderr
+    assert not any(inside for _, inside in server.log.inside_a_stream)
+    assert set(result.statuses("ongoing_decode").values()) == {"skip"}
+    assert "passed" not in result.stdout + result.stderr
+    assert_one_sentence(
+        result.stderr,
+        "The ongoing_decode check could not run",
+        "limit of 38 tokens",
+        "max_model_len 70",
+    )
 
 
 def test_vocab_size_option_skips_the_discovery_request(
@@ -196,12 +264,14 @@ def test_groups_of_three_and_a_chunk_boundary(
 def test_lengths_past_max_model_len_are_skipped_with_a_note(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    result, _ = probe_fake(capsys, tmp_path, FakeConfig(max_model_len=48))
+    # Blocks of 64: boundaries 4, 68 and 132; 132 + 24 new tokens exceed 120.
+    config = FakeConfig(max_model_len=120)
+    result, _ = probe_fake(capsys, tmp_path, config, "--block-size", "64")
 
-    assert result.status == errors.EXIT_OK
+    assert result.status == errors.EXIT_OK, result.stdout + result.stderr
     assert result.report is not None
-    assert [b["length"] for b in result.report["plan"]["boundaries"]] == [4, 20]
-    assert any("36" in note for note in result.report["plan"]["notes"])
+    assert [b["length"] for b in result.report["plan"]["boundaries"]] == [4, 68]
+    assert any("132" in note for note in result.report["plan"]["notes"])
 
 
 # --------------------------------------------------------------- corrupt servers
@@ -482,12 +552,37 @@ def test_ongoing_decode_check() -> None:
     other = checks.Completion((1, 3), " 11 12 13 14 15 17")
     assert checks.continues_counting(counting.text)
     assert not checks.continues_counting("OK OK")
-    passed = checks.check_ongoing_decode((12,), counting, counting, 3)
+    passed = checks.check_ongoing_decode((12,), counting, counting, 3, 3)
     assert passed.status == checks.PASS and "continues counting" in passed.detail
-    assert checks.check_ongoing_decode((12,), counting, other, 3).status == checks.FAIL
-    assert (
-        checks.check_ongoing_decode((12,), counting, counting, 0).status == checks.SKIP
+    assert "3 of 3" in passed.detail
+    failed = checks.check_ongoing_decode((12,), counting, other, 3, 3)
+    assert failed.status == checks.FAIL
+    not_run = checks.check_ongoing_decode((12,), counting, counting, 0, 3, "why")
+    assert (not_run.status, not_run.detail) == (checks.SKIP, "why")
+    # The stream is cut mid-way: its text may lag its ids; the ids decide.
+    cut = checks.Completion((1, 2), " 11 12 13 14 15")
+    assert checks.check_ongoing_decode((12,), counting, cut, 1, 3).status == "pass"
+
+
+def test_each_reason_a_check_could_not_run_is_one_sentence() -> None:
+    results = [
+        checks.CheckResult("vocab", (3,), checks.SKIP, "size unknown; pass --x"),
+        checks.CheckResult("vocab", (4,), checks.SKIP, "size unknown; pass --x"),
+        checks.CheckResult("vocab", (5,), checks.PASS, "fine"),
+        checks.CheckResult("ongoing_decode", (), checks.SKIP, "it ended early"),
+    ]
+    assert checks.not_run_sentences(results) == [
+        "The vocab check could not run for lengths 3, 4: size unknown; pass --x.",
+        "The ongoing_decode check could not run: it ended early.",
+    ]
+    assert cli_probe.summary_line(results) == (
+        "probe INCOMPLETE: 3 of 4 checks could not run; none failed"
     )
+    failing = [*results, checks.CheckResult("cold_warm", (4,), checks.FAIL, "x")]
+    assert cli_probe.summary_line(failing) == (
+        "probe FAILED: 1 of 5 checks failed, 3 could not run"
+    )
+    assert cli_probe.summary_line(results[2:3]) == "probe passed: all 1 checks passed"
 
 
 def test_server_answer_parsing() -> None:
