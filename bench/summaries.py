@@ -10,6 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.timing import difference, median_interval, paired, ratio, summarize
+from vllm_graphsafe.fixes.phase_events import (
+    KEPT_OFF_DECODE,
+    NON_UNIFORM,
+    UNIFORM_DECODE,
+)
 
 #: Per-step goal: what a phase rule adds to a step, as a share of what vLLM's
 #: own shape rule costs in the same rounds, at each of these batch sizes.
@@ -121,10 +126,26 @@ def summarize_plugin(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # -- benchmark 3 -----------------------------------------------------------------
 
 
+#: The figures of each end-to-end turn (vLLM's serving benchmark): key, label,
+#: whether higher is better. One throughput: with a fixed prompt set and
+#: output length, vLLM's request, output and total throughputs are one ratio.
+END_TO_END_FIGURES = (
+    ("output_throughput", "output throughput, tokens/s", True),
+    ("median_ttft_ms", "median time to first token, ms", False),
+    ("p99_ttft_ms", "p99 time to first token, ms", False),
+    ("median_tpot_ms", "median time per output token, ms", False),
+    ("p99_tpot_ms", "p99 time per output token, ms", False),
+    ("median_itl_ms", "median inter-token latency, ms", False),
+    ("p99_itl_ms", "p99 inter-token latency, ms", False),
+)
+
+
 def summarize_end_to_end(result: dict[str, Any]) -> dict[str, Any]:
+    """Per figure: the turns of each server, and the on/off ratios of the pairs
+    with the 95% interval of their median."""
     turns = result["turns"]
     summary: dict[str, Any] = {}
-    for metric in ("tokens_per_s", "mean_ttft_ms"):
+    for metric, _, _ in END_TO_END_FIGURES:
         on = [turn[metric] for turn in turns["on"]]
         off = [turn[metric] for turn in turns["off"]]
         ratios = paired(on, off, ratio)
@@ -223,21 +244,22 @@ def interval_verdict(
 
 
 def end_to_end_goals(e2e: dict[str, Any]) -> dict[str, Any]:
+    """Per figure the run summarised: the symmetric verdict on its on/off ratio."""
     goals: dict[str, Any] = {}
     repetitions = e2e["raw"]["repetitions"]
-    for metric, label, higher_is_better in (
-        ("tokens_per_s", "output tokens/s", True),
-        ("mean_ttft_ms", "mean time to first token", False),
-    ):
+    for metric, label, higher_is_better in END_TO_END_FIGURES:
+        if metric not in e2e["summary"]:
+            continue
         summary = e2e["summary"][metric]
         median = summary["ratio_on_off"]["median"]
         low, high = summary["ratio_median_ci95"]
+        name = label.rsplit(",", 1)[0]
         detail = (
-            f"{label} plugin on/off: median x{median:.3f}, 95% interval of the "
+            f"{name} plugin on/off: median x{median:.3f}, 95% interval of the "
             f"median x{low:.3f}…x{high:.3f}, {repetitions} paired repetition(s)"
         )
         key = f"end_to_end_{metric}"
-        measure = f"end to end, {label}, plugin on/off ({repetitions} pairs)"
+        measure = f"end to end, {name}, plugin on/off ({repetitions} pairs)"
         result = f"x{median:.3f} (95% interval of the median x{low:.3f}…x{high:.3f})"
         target = "no slowdown detected"
         if repetitions < MIN_E2E_REPETITIONS:
@@ -314,6 +336,119 @@ def plugin_goal(summary: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+# -- benchmark 5: the soak -------------------------------------------------------
+
+#: The plugin's decision events, in the order the soak reports them.
+SOAK_EVENTS = (
+    (UNIFORM_DECODE, "uniform decode"),
+    (KEPT_OFF_DECODE, "kept off the decode graph"),
+    (NON_UNIFORM, "non-uniform"),
+)
+RSS_GROWTH_BUDGET = 0.05
+
+
+def resident_growth(soak: dict[str, Any]) -> dict[str, float]:
+    """Each process's resident memory at the end over after the warm-up, less 1,
+    by ``pid (name)``; a process gone by the end is left out."""
+    resident = soak["resident_kib"]
+    after, at_end = resident["after_warm_up"], resident["at_end"]
+    return {
+        f"{pid} ({before['name']})": at_end[pid]["kib"] / before["kib"] - 1.0
+        for pid, before in after.items()
+        if pid in at_end and before["kib"] > 0
+    }
+
+
+def _decisions(counts: dict[str, int]) -> str:
+    return ", ".join(f"{label} {counts.get(event, 0)}" for event, label in SOAK_EVENTS)
+
+
+def soak_goals(soak: dict[str, Any]) -> dict[str, Any]:
+    """No request fails; the plugin's counts equal both tallies of the step log;
+    no process's resident memory grows more than RSS_GROWTH_BUDGET; ``/metrics``
+    answered every second, and its last page holds the counts."""
+    load, decisions, metrics = soak["load"], soak["decisions"], soak["metrics"]
+    requests = soak["requests"]
+    failed = load["failed"] + soak["warm_up_failed"]
+    measure = f"soak, {requests} requests at concurrency {soak['concurrency']}"
+    goals = {
+        "soak_failed_requests": goal(
+            failed == 0 and load["completed"] == requests,
+            f"{load['completed']:.0f} of {requests} requests completed, "
+            f"{load['failed']:.0f} failed ({soak['warm_up_failed']:.0f} of the "
+            f"warm-up's {soak['warm_up']}), in {load['seconds']:.0f} s at "
+            f"{load['output_throughput']:.0f} output tokens/s",
+            row=(
+                f"{measure} ({load['seconds']:.0f} s): requests failed",
+                f"{failed:.0f} of {requests + soak['warm_up']}",
+                "0",
+            ),
+        )
+    }
+    counted = decisions["counted"]
+    equal = counted == decisions["scheduler"] == decisions["engine"]
+    kept = counted.get(KEPT_OFF_DECODE, 0)
+    # Equal counts of a load with no decode-shaped prompt step show too little.
+    judged = (True if kept else None) if equal else False
+    goals["soak_decision_counts"] = goal(
+        judged,
+        f"over {decisions['steps']} steps the plugin counted {_decisions(counted)}; "
+        f"the scheduler's output calls for {_decisions(decisions['scheduler'])}; "
+        f"the runner handed the dispatcher {_decisions(decisions['engine'])}"
+        + ("" if kept else "; no prompt step had a decode's shape"),
+        row=(
+            f"{measure}: the plugin's decision counts against the step log "
+            "(scheduler's output, dispatcher's input)",
+            ("equal: " if equal else "**differ**: counted ") + _decisions(counted),
+            "equal",
+        ),
+    )
+    growth = resident_growth(soak)
+    worst = max(growth.values(), default=float("nan"))
+    rounds = soak.get("warm_up_rounds", [])
+    warm_up = f"a warm-up of {soak['warm_up']} requests" + (
+        f" in {len(rounds)} rounds, the last growing memory "
+        f"{rounds[-1]['growth']:+.1%} at most"
+        + ("" if soak["warm_up_settled"] else ", not settled")
+        if soak.get("warm_up_until_settled") and rounds
+        else ""
+    )
+    goals["soak_resident_memory"] = goal(
+        bool(growth) and worst <= RSS_GROWTH_BUDGET,
+        f"resident memory at the end against after {warm_up}: "
+        + (
+            ", ".join(f"pid {name} {share:+.1%}" for name, share in growth.items())
+            or "no process measured twice"
+        )
+        + f" (goal <= +{RSS_GROWTH_BUDGET:.0%} each)",
+        row=(
+            f"{measure}: resident memory growth of each vLLM process, end against "
+            "after the warm-up",
+            f"{worst:+.1%} at most ({len(growth)} processes)",
+            f"<= +{RSS_GROWTH_BUDGET:.0%} each",
+        ),
+    )
+    due = int(metrics["seconds"])
+    answered = metrics["statuses"].get("200", 0)
+    last = metrics["last_decisions"]
+    same = all(last.get(event, 0) == counted.get(event, 0) for event, _ in SOAK_EVENTS)
+    goals["soak_metrics_scrapes"] = goal(
+        metrics["error_count"] == 0 and answered >= due and same,
+        f"{metrics['scrapes']} scrapes of /metrics in {metrics['seconds']:.0f} s "
+        f"(statuses {metrics['statuses']}), {metrics['error_count']} errors"
+        + (f" (first: {metrics['errors'][0]})" if metrics["errors"] else "")
+        + f", slowest {metrics['slowest_s'] * 1e3:.0f} ms; the last page's decisions "
+        + ("equal the counts" if same else f"are {metrics['last_decisions']}"),
+        row=(
+            f"{measure}: /metrics scraped once a second through the load",
+            f"{answered} answered of {metrics['scrapes']}, "
+            f"{metrics['error_count']} errors",
+            "every second, no error",
+        ),
+    )
+    return goals
+
+
 def check_goals(results: dict[str, Any]) -> dict[str, Any]:
     goals: dict[str, Any] = {}
     dispatch = results.get("dispatch_cost", {}).get("summary", {})
@@ -329,4 +464,6 @@ def check_goals(results: dict[str, Any]) -> dict[str, Any]:
     coverage = results.get("full_graph_coverage")
     if coverage:
         goals.update(coverage_goals(coverage))
+    if "soak" in results:
+        goals.update(soak_goals(results["soak"]))
     return goals

@@ -8,6 +8,8 @@ ratio can be taken inside each round.
 from __future__ import annotations
 
 import math
+import os
+import platform
 import statistics
 import timeit
 from collections.abc import Callable, Mapping, Sequence
@@ -102,3 +104,12 @@ def median_interval(
     if k == 0:
         return ordered[0], ordered[-1]
     return ordered[k - 1], ordered[n - k]
+
+
+def host_description() -> str:
+    """The host a run measured on, and how busy it was when the run started."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{os.cpu_count()}-core {platform.machine()} host, Python "
+        f"{platform.python_version()}, load average {load:.1f} at start"
+    )
