@@ -329,7 +329,7 @@ def soak_markdown(results: dict[str, Any]) -> list[str]:
             f"{soak['warm_up_settled_growth']:.0%} in one: "
             + ", ".join(f"{r['growth']:+.1%}" for r in soak["warm_up_rounds"])
             + ")"
-            if soak.get("warm_up_until_settled")
+            if soak.get("warm_up_rounds")
             else ""
         )
         + "; prompts "

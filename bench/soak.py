@@ -255,21 +255,19 @@ def largest_growth(before: dict[str, Any], after: dict[str, Any]) -> float:
 
 
 def warm_up(
-    server: launcher.LocalServer,
-    dataset: Path,
-    log: TextIO,
-    requests: int | None,
-    progress: Any,
+    server: launcher.LocalServer, dataset: Path, log: TextIO, progress: Any
 ) -> dict[str, Any]:
-    """``requests`` requests, or (None) rounds until resident memory settles."""
+    """Rounds of :data:`WARM_UP_ROUND` requests until resident memory settles."""
     rounds: list[dict[str, float]] = []
     before = resident_kib(server.process.pid)
-    for index in range(1 if requests else WARM_UP_MAX_ROUNDS):
-        count = requests or WARM_UP_ROUND
-        turn = _load(server, dataset, count, log, seed=serve_load.SEED + 1 + index)
+    for index in range(WARM_UP_MAX_ROUNDS):
+        seed = serve_load.SEED + 1 + index  # each round another draw of prompts
+        turn = _load(server, dataset, WARM_UP_ROUND, log, seed)
         after = resident_kib(server.process.pid)
         growth = largest_growth(before, after)
-        rounds.append({"requests": count, "failed": turn["failed"], "growth": growth})
+        rounds.append(
+            {"requests": WARM_UP_ROUND, "failed": turn["failed"], "growth": growth}
+        )
         progress(f"soak: warm-up round {index + 1}: memory {growth:+.1%} at most")
         before = after
         if growth <= WARM_UP_SETTLED:
@@ -278,7 +276,6 @@ def warm_up(
         "requests": sum(round_["requests"] for round_ in rounds),
         "failed": sum(round_["failed"] for round_ in rounds),
         "rounds": rounds,
-        "until_settled": requests is None,
         "settled": rounds[-1]["growth"] <= WARM_UP_SETTLED,
     }
 
@@ -289,12 +286,8 @@ def run(
     requests: int,
     workdir: Path,
     progress: Any = print,
-    warm_up_requests: int | None = None,
 ) -> dict[str, Any]:
     """The soak on the tiny model in ``model_dir``; its raw figures (no goals).
-
-    The warm-up is ``warm_up_requests`` requests, or (None) rounds until the
-    server's resident memory settles (:data:`WARM_UP_ROUND`).
 
     The fixes' verdicts are kept where ``GRAPHSAFE_CACHE_DIR`` says, else in
     ``workdir``; every other switch of the plugin is left out of the server's
@@ -302,6 +295,7 @@ def run(
     """
     from transformers import AutoTokenizer
 
+    workdir.mkdir(parents=True, exist_ok=True)
     steps_dir, stats_dir = workdir / "steps", workdir / "stats"
     env = launcher.server_environment(
         {
@@ -335,7 +329,7 @@ def run(
             serve_load.load_benchmark()  # its import overlaps the server's start
             server.wait_until_healthy(STARTUP_TIMEOUT_S)
             progress("soak: server healthy; warm-up")
-            warm = warm_up(server, dataset, client_log, warm_up_requests, progress)
+            warm = warm_up(server, dataset, client_log, progress)
             after_warm_up = resident_kib(server.process.pid)
             progress(f"soak: {requests} requests at concurrency {CONCURRENCY}")
             scraper.start()
@@ -353,7 +347,6 @@ def run(
         "requests": requests,
         "warm_up": warm["requests"],
         "warm_up_rounds": warm["rounds"],
-        "warm_up_until_settled": warm["until_settled"],
         "warm_up_settled": warm["settled"],
         "warm_up_settled_growth": WARM_UP_SETTLED,
         "concurrency": CONCURRENCY,

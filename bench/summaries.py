@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -140,6 +141,14 @@ END_TO_END_FIGURES = (
 )
 
 
+def on_off_ratio(on: float, off: float) -> float:
+    """``on / off``; a figure of 0 ms with the plugin off (a median gap the
+    client read as none) makes any other value infinitely larger."""
+    if off:
+        return on / off
+    return 1.0 if on == off else math.inf
+
+
 def summarize_end_to_end(result: dict[str, Any]) -> dict[str, Any]:
     """Per figure: the turns of each server, and the on/off ratios of the pairs
     with the 95% interval of their median."""
@@ -148,7 +157,7 @@ def summarize_end_to_end(result: dict[str, Any]) -> dict[str, Any]:
     for metric, _, _ in END_TO_END_FIGURES:
         on = [turn[metric] for turn in turns["on"]]
         off = [turn[metric] for turn in turns["off"]]
-        ratios = paired(on, off, ratio)
+        ratios = paired(on, off, on_off_ratio)
         summary[metric] = {
             "on": summarize(on),
             "off": summarize(off),
@@ -410,7 +419,7 @@ def soak_goals(soak: dict[str, Any]) -> dict[str, Any]:
         f" in {len(rounds)} rounds, the last growing memory "
         f"{rounds[-1]['growth']:+.1%} at most"
         + ("" if soak["warm_up_settled"] else ", not settled")
-        if soak.get("warm_up_until_settled") and rounds
+        if rounds
         else ""
     )
     goals["soak_resident_memory"] = goal(

@@ -7,6 +7,7 @@ The oracles are hand counts of small made-up inputs, never the code's output.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,6 +117,12 @@ def test_a_higher_latency_is_a_slowdown_and_a_lower_one_is_not() -> None:
         "no difference detected within ±0.0%"
     )
     assert len(goals) == 7
+
+
+def test_a_zero_figure_with_the_plugin_off_makes_an_infinite_ratio() -> None:
+    assert summaries.on_off_ratio(3.0, 0.0) == math.inf
+    assert summaries.on_off_ratio(0.0, 0.0) == 1.0
+    assert summaries.on_off_ratio(0.0, 2.0) == 0.0
 
 
 def test_too_few_pairs_are_not_judged() -> None:
@@ -270,7 +277,6 @@ def _soak(**changes: Any) -> dict[str, Any]:
             {"requests": 250, "failed": 0.0, "growth": 0.08},
             {"requests": 250, "failed": 0.0, "growth": 0.004},
         ],
-        "warm_up_until_settled": True,
         "warm_up_settled": True,
         "warm_up_settled_growth": 0.01,
         "concurrency": 32,
