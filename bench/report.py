@@ -342,7 +342,8 @@ def soak_markdown(results: dict[str, Any]) -> list[str]:
         "",
         *table(
             [
-                f"decisions over {decisions['steps']} steps",
+                f"decisions over the server's {decisions['steps']} steps "
+                "(warm-up included)",
                 "the plugin counted",
                 "the scheduler's output calls for",
                 "the runner handed the dispatcher",

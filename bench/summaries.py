@@ -401,7 +401,8 @@ def soak_goals(soak: dict[str, Any]) -> dict[str, Any]:
     judged = (True if kept else None) if equal else False
     goals["soak_decision_counts"] = goal(
         judged,
-        f"over {decisions['steps']} steps the plugin counted {_decisions(counted)}; "
+        f"over the server's {decisions['steps']} steps (warm-up included) the "
+        f"plugin counted {_decisions(counted)}; "
         f"the scheduler's output calls for {_decisions(decisions['scheduler'])}; "
         f"the runner handed the dispatcher {_decisions(decisions['engine'])}"
         + ("" if kept else "; no prompt step had a decode's shape"),
