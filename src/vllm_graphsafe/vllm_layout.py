@@ -21,6 +21,8 @@ LOGGING = "vllm.logger"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
 V1_WORKER = "vllm.v1.worker.gpu_worker"
+#: The scheduler's per-step output the worker hands to the runner.
+SCHEDULER_OUTPUT = "vllm.v1.core.sched.output"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch"
 V1_CP_UTILS = "vllm.v1.worker.cp_utils"
 V1_WORKER_UTILS = "vllm.v1.worker.utils"

@@ -3,8 +3,10 @@
 "A decode" as the runner's attention metadata builders see the row: with K
 speculative tokens, a row that schedules exactly 1 + its drafts; without, one
 token over prior state. This folder: the facts (here), the runtime hooks
-(``hooks``), the backport planner (``backport``) and the tests it writes
-(``written_tests``); the row rules live in ``fixes.phase_rows``.
+(``hooks``, and ``early`` for workers that classify a step before the runner
+updates its state), the backport planner (``backport``) and the tests it
+writes (``written_tests``); the row rules live in ``fixes.phase_rows`` and
+``fixes.scheduled_rows``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ FIX = Fix(
     binds_to=(
         "`GPUModelRunner._is_uniform_decode` (the shape rule "
         "`_determine_batch_execution_and_padding` consults on every step, "
-        "before it dispatches and syncs DP), on real steps"
+        "before it dispatches and syncs DP), on real steps; on 0.20-0.31 also "
+        "`Worker.execute_model`, which under pipeline + sequence parallel "
+        "classifies the step before the runner updates its state: there both "
+        "calls decide from the step's scheduler output"
     ),
     upstream=(
         "vllm-project/vllm#49918",

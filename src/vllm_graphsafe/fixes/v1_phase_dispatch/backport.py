@@ -1,10 +1,16 @@
 """v1-phase-dispatch as a source edit: where it binds, and the code it inserts.
 
 The inserted code is plain vLLM code (no import of this package), in vLLM's
-style, and makes the same decision as the runtime hook in ``hooks``.
+style, and makes the same decision as the runtime hook in ``hooks``. Where the
+tree's worker calls the dispatch itself (pipeline plus sequence parallel on
+0.20-0.31, before the runner updates its request state), both calls of a step
+hand the dispatch the step's scheduler output and the rule reads the
+requests from it, as the plugin does (``early``).
 """
 
 from __future__ import annotations
+
+import ast
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.backport.plan import (
@@ -14,22 +20,33 @@ from vllm_graphsafe.backport.plan import (
     require_attributes,
     written_test_path,
 )
-from vllm_graphsafe.backport.source import LineEdit, MissingSymbolError, indent_block
+from vllm_graphsafe.backport.source import (
+    LineEdit,
+    MissingSymbolError,
+    SourceFile,
+    indent_block,
+)
 from vllm_graphsafe.backport.tree import Tree
+from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
+from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
+DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
+_DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
+_STEP = "scheduler_output"
+
 _HAS_PREFILL_METHOD = '''\
-def _has_prefill_request(self, num_reqs: int) -> bool:
+def _has_prefill_request({parameters}) -> bool:
     """Whether a scheduled request is not a decode as the attention metadata
     builders see it, which makes the batch a prefill whatever its shape.
 
     With speculation, _prepare_inputs has counted each row's drafts where the
     row schedules exactly 1 + its drafts (-1 for a prefill chunk, including
     output tokens re-computed after preemption); without, a decode schedules
-    one token over prior state.
+    one token over prior state.{step_doc}
     """
-{early_guard}    if self.uniform_decode_query_len > 1:
+{step_branch}    if self.uniform_decode_query_len > 1:
         return bool(
             (
                 self.num_decode_draft_tokens.np[:num_reqs]
@@ -40,14 +57,72 @@ def _has_prefill_request(self, num_reqs: int) -> bool:
 
 '''
 
-_EARLY_GUARD = """\
-    if (
-        self.parallel_config.pipeline_parallel_size > 1
-        and self.compilation_config.pass_config.enable_sp
-    ):
-        # The worker classifies each step before the request state update:
-        # keep the shape rule rather than read stale state.
-        return False
+_PARAMETERS = "self, num_reqs: int"
+_STEP_PARAMETERS = """
+    self,
+    num_reqs: int,
+    scheduler_output: "SchedulerOutput | None" = None,
+"""
+_STEP_DOC = """
+
+    Given the step's scheduler output, the requests are read from it instead:
+    under pipeline + sequence parallelism the worker classifies a step before
+    the request states and these columns are updated."""
+_STEP_BRANCH = """\
+    if scheduler_output is not None:
+        return self._has_scheduled_prefill_request(scheduler_output)
+"""
+
+_SCHEDULED_PREFILL_METHOD = '''\
+def _has_scheduled_prefill_request(
+    self, scheduler_output: "SchedulerOutput"
+) -> bool:
+    """_has_prefill_request for the step about to run, from its scheduler
+    output alone: each request's computed count before the step (new requests
+    carry theirs) and its scheduled tokens and drafts, counted as
+    _prepare_inputs will count them."""
+    computed = {{
+        req.req_id: req.num_computed_tokens
+        for req in scheduler_output.scheduled_new_reqs
+    }}
+    cached_reqs = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached_reqs.req_ids, cached_reqs.num_computed_tokens))
+    num_drafts = self.uniform_decode_query_len - 1
+    if num_drafts == 0:
+        return any(
+            computed[req_id] == 0
+            for req_id in scheduler_output.num_scheduled_tokens
+        )
+{prompt_lengths}    for {loop_over}:
+        draft_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+        if draft_token_ids is None or len(draft_token_ids) != num_drafts:
+            return True
+{counted}    return False
+
+'''
+_NEW_REQS = """\
+    new_reqs = {req.req_id: req for req in scheduler_output.scheduled_new_reqs}
+"""
+_EACH_REQUEST = "req_id in scheduler_output.num_scheduled_tokens"
+_EACH_REQUEST_WIDTH = (
+    "req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()"
+)
+#: Drafts count where the row schedules exactly 1 + its drafts (0.27 on).
+_COUNTED_BY_WIDTH = """\
+        if num_tokens != num_drafts + 1:
+            return True
+"""
+#: Drafts count where the row had computed its whole prompt (0.22 and forks).
+_COUNTED_PAST_PROMPT = """\
+        new_req = new_reqs.get(req_id)
+        if new_req is None:
+            num_prompt_tokens = self.requests[req_id].num_prompt_tokens
+        elif new_req.prompt_token_ids is not None:
+            num_prompt_tokens = len(new_req.prompt_token_ids)
+        else:
+            num_prompt_tokens = len(new_req.prompt_embeds)
+        if computed[req_id] < num_prompt_tokens:
+            return True
 """
 
 _PHASE_GUARD = """\
@@ -55,7 +130,7 @@ _PHASE_GUARD = """\
 if (
     {name}
     and force_uniform_decode is None
-    and self._has_prefill_request(num_reqs)
+    and self._has_prefill_request(num_reqs{step_argument})
 ):
     {name} = False
 """
@@ -63,7 +138,7 @@ if (
 
 def plan(tree: Tree) -> Plan:
     runner = tree.require(V1_RUNNER)
-    owner = "GPUModelRunner._determine_batch_execution_and_padding"
+    owner = DISPATCH
     dispatch = runner.function(owner)
     shape_rule = runner.function("GPUModelRunner._is_uniform_decode")
     for parameter in ("num_reqs", "force_uniform_decode"):
@@ -73,35 +148,164 @@ def plan(tree: Tree) -> Plan:
     require_attributes(tree, V1_RUNNER, "GPUModelRunner", _V1_RUNNER_COLUMNS)
     classification = direct_call_assignment(dispatch, "_is_uniform_decode", owner)
     name = classification.targets[0].id  # type: ignore[attr-defined]
-    worker = tree.source(V1_WORKER).tree if tree.exists(V1_WORKER) else None
-    early = worker is not None and recognition.calls_name(
-        worker, "_determine_batch_execution_and_padding"
+    worker = tree.source(V1_WORKER) if tree.exists(V1_WORKER) else None
+    early = worker is not None and recognition.calls_name(worker.tree, _DISPATCH_NAME)
+    counting = _draft_counting(runner) if early else None
+    indent = runner.indent_of(shape_rule)
+    methods = _HAS_PREFILL_METHOD.format(
+        parameters=_STEP_PARAMETERS if early else _PARAMETERS,
+        step_doc=_STEP_DOC if early else "",
+        step_branch=_STEP_BRANCH if early else "",
     )
-    method = _HAS_PREFILL_METHOD.format(early_guard=_EARLY_GUARD if early else "")
+    if counting is not None:
+        methods += _SCHEDULED_PREFILL_METHOD.format(
+            prompt_lengths=_NEW_REQS if counting.past_prompt else "",
+            loop_over=_EACH_REQUEST if counting.past_prompt else _EACH_REQUEST_WIDTH,
+            counted=_COUNTED_PAST_PROMPT if counting.past_prompt else _COUNTED_BY_WIDTH,
+        )
     assert shape_rule.end_lineno is not None and classification.end_lineno is not None
+    guard = _PHASE_GUARD.format(name=name, step_argument=f", {_STEP}" if early else "")
     edits = [
         LineEdit(
             shape_rule.end_lineno,
             shape_rule.end_lineno,
-            "\n"
-            + indent_block(method.rstrip("\n") + "\n", runner.indent_of(shape_rule)),
+            "\n" + indent_block(methods.rstrip("\n") + "\n", indent),
         ),
         LineEdit(
             classification.end_lineno,
             classification.end_lineno,
-            indent_block(
-                _PHASE_GUARD.format(name=name), runner.indent_of(classification)
-            ),
+            indent_block(guard, runner.indent_of(classification)),
         ),
     ]
-    plan = Plan(
-        FIX.id,
-        "V1 runner" + (" (worker classifies early under PP + SP)" if early else ""),
-        names=("GPUModelRunner._has_prefill_request",),
-    )
+    layout = "V1 runner"
+    names = ["GPUModelRunner._has_prefill_request"]
+    if early:
+        assert worker is not None
+        edits += _hand_the_step_to_the_runner_dispatch(runner, dispatch)
+        layout += " and worker (its early call under PP + SP hands over the step)"
+        names.append("GPUModelRunner._has_scheduled_prefill_request")
+    plan = Plan(FIX.id, layout, names=tuple(names))
     edit(plan, runner, edits)
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(name)
+    if early:
+        assert worker is not None
+        edit(plan, worker, [_hand_the_step_to_the_worker_dispatch(worker)])
+    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(
+        name,
+        scheduled_step=early,
+        drafts_count_past_prompt=counting is not None and counting.past_prompt,
+    )
     return plan
+
+
+def _draft_counting(runner: SourceFile) -> DraftCounting:
+    """How the tree's ``_prepare_inputs`` counts drafts, which the inserted
+    scheduler-output rule must count alike."""
+    counting = recognise_draft_counting(
+        runner.function("GPUModelRunner._prepare_inputs")
+    )
+    if counting is None:
+        raise MissingSymbolError(
+            "the draft counting of GPUModelRunner._prepare_inputs (a condition "
+            "on the prompt length or on the scheduled tokens)"
+        )
+    return counting
+
+
+def _hand_the_step_to_the_runner_dispatch(
+    runner: SourceFile, dispatch: recognition.FunctionNode
+) -> list[LineEdit]:
+    """The dispatch takes the step's scheduler output; the runner's own call
+    in ``execute_model`` hands it over."""
+    if not _imports(runner.tree, "SchedulerOutput"):
+        raise MissingSymbolError(f"an import of SchedulerOutput in {runner.relpath}")
+    execute = runner.function("GPUModelRunner.execute_model")
+    if _STEP not in recognition.parameter_names(execute):
+        raise MissingSymbolError(f"parameter {_STEP} of GPUModelRunner.execute_model")
+    return [
+        _append_parameter(
+            runner, dispatch, f'{_STEP}: "SchedulerOutput | None" = None'
+        ),
+        _append_keyword(runner, _only_call(execute, "GPUModelRunner.execute_model")),
+    ]
+
+
+def _hand_the_step_to_the_worker_dispatch(worker: SourceFile) -> LineEdit:
+    execute = worker.function("Worker.execute_model")
+    if _STEP not in recognition.parameter_names(execute):
+        raise MissingSymbolError(f"parameter {_STEP} of Worker.execute_model")
+    return _append_keyword(worker, _only_call(execute, "Worker.execute_model"))
+
+
+def _imports(module: ast.Module, name: str) -> bool:
+    """Whether ``module`` imports ``name`` anywhere (a type-checking import too)."""
+    return any(
+        (alias.asname or alias.name) == name
+        for node in ast.walk(module)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    )
+
+
+def _only_call(function: recognition.FunctionNode, owner: str) -> ast.Call:
+    calls = [
+        call
+        for call in recognition.calls(function)
+        if recognition.called_name(call) == _DISPATCH_NAME
+    ]
+    if len(calls) != 1:
+        raise MissingSymbolError(f"one call of {_DISPATCH_NAME} in {owner}")
+    return calls[0]
+
+
+def _comma_follows(source: SourceFile, node: ast.AST) -> bool:
+    end_line: int = node.end_lineno  # type: ignore[attr-defined]
+    end_column: int = node.end_col_offset  # type: ignore[attr-defined]
+    line = source.lines[end_line - 1].encode()
+    return line[end_column:].decode().lstrip().startswith(",")
+
+
+def _append_keyword(source: SourceFile, call: ast.Call) -> LineEdit:
+    """``scheduler_output=scheduler_output,`` on a line after the call's last
+    keyword (vLLM's layout: one argument a line, each with its comma)."""
+    if not call.keywords or not _comma_follows(source, call.keywords[-1]):
+        raise MissingSymbolError(
+            f"the call of {_DISPATCH_NAME} in {source.relpath} (line {call.lineno}) "
+            "with one keyword a line"
+        )
+    last = call.keywords[-1]
+    assert last.end_lineno is not None
+    return LineEdit(
+        last.end_lineno,
+        last.end_lineno,
+        f"{_indent(source, last.lineno)}{_STEP}={_STEP},\n",
+    )
+
+
+def _append_parameter(
+    source: SourceFile, function: recognition.FunctionNode, parameter: str
+) -> LineEdit:
+    arguments = function.args
+    if arguments.kwarg is not None:
+        raise MissingSymbolError(f"{function.name} without **{arguments.kwarg.arg}")
+    nodes: list[ast.AST] = [
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        *arguments.defaults,
+        *[default for default in arguments.kw_defaults if default is not None],
+    ]
+    last = max(nodes, key=lambda node: (node.end_lineno, node.end_col_offset))  # type: ignore[attr-defined]
+    if not _comma_follows(source, last):
+        raise MissingSymbolError(
+            f"the parameters of {function.name} in {source.relpath} one a line"
+        )
+    end_line: int = last.end_lineno  # type: ignore[attr-defined]
+    return LineEdit(end_line, end_line, f"{_indent(source, end_line)}{parameter},\n")
+
+
+def _indent(source: SourceFile, line_number: int) -> str:
+    line = source.lines[line_number - 1]
+    return line[: len(line) - len(line.lstrip())]
 
 
 _V1_PHASE_COLUMNS = ("num_computed_tokens_cpu",)

@@ -24,6 +24,12 @@ from vllm_graphsafe.fixes.phase_rows import (
     rows_have_prior_state,
 )
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
+from vllm_graphsafe.fixes.v1_phase_dispatch.early import (
+    WORKER_EXECUTE,
+    ScheduledStepRule,
+    classifies_before_state_update,
+    hold_steps,
+)
 from vllm_graphsafe.registry import (
     HookPoint,
     OnFailure,
@@ -32,11 +38,12 @@ from vllm_graphsafe.registry import (
     Requirement,
     SetsAttribute,
     SourceReader,
-    logger,
+    TakesParameters,
 )
 from vllm_graphsafe.vllm_layout import (
     COMPILATION_CONFIG,
     PARALLEL_CONFIG,
+    SCHEDULER_OUTPUT,
     V1_INPUT_BATCH,
     V1_RUNNER,
     V1_WORKER,
@@ -58,8 +65,25 @@ _QUERY_LEN_NAMES = {"uniform_decode_query_len"}
 _READING = (
     "GPUModelRunner.num_decode_draft_tokens, GPUModelRunner.input_batch "
     "(num_computed_tokens_cpu) "
-    "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp"
+    "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp; "
+    "under pipeline plus sequence parallelism, the step's scheduler output"
 )
+#: What the early path reads of a scheduler output, by class.
+_STEP_FIELDS = {
+    "SchedulerOutput": (
+        "num_scheduled_tokens",
+        "scheduled_spec_decode_tokens",
+        "scheduled_new_reqs",
+        "scheduled_cached_reqs",
+    ),
+    "NewRequestData": (
+        "req_id",
+        "num_computed_tokens",
+        "prompt_token_ids",
+        "prompt_embeds",
+    ),
+    "CachedRequestData": ("req_ids", "num_computed_tokens"),
+}
 
 #: The shape rule's parameters, in order; a release that differs is not patched.
 _SHAPE_RULE_PARAMETERS = (
@@ -94,23 +118,6 @@ def worker_classifies_early(sources: SourceReader) -> bool:
     return sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
 
 
-def _classifies_before_state_update(runner: Any) -> bool:
-    """Pipeline plus sequence parallel make this release's worker classify early."""
-    early_call = bool(
-        runner.parallel_config.pipeline_parallel_size > 1
-        and runner.compilation_config.pass_config.enable_sp
-    )
-    if early_call:
-        logger.warning(
-            "vllm-graphsafe: %s is inactive: with pipeline and sequence "
-            "parallelism this vLLM's worker classifies each step before the "
-            "runner updates its request state, so the phase cannot be read "
-            "reliably. Upgrade vLLM or disable sequence parallelism to use it.",
-            PATCH_ID,
-        )
-    return early_call
-
-
 class PhaseAwareShapeRule:
     """Installed as ``GPUModelRunner._is_uniform_decode``; keeps its convention.
 
@@ -121,11 +128,16 @@ class PhaseAwareShapeRule:
     """
 
     def __init__(
-        self, rule: ShapeRule, on_failure: OnFailure, early_classification: bool
+        self,
+        rule: ShapeRule,
+        on_failure: OnFailure,
+        step_rule: ScheduledStepRule | None = None,
     ) -> None:
         self.rule = rule
         self.on_failure = on_failure
-        self.early_classification = early_classification
+        #: Where the worker may classify early: the rule from the step's
+        #: scheduler output, for runners under pipeline + sequence parallel.
+        self.step_rule = step_rule
         self._runners: weakref.WeakSet[Any] = weakref.WeakSet()
         functools.update_wrapper(self, rule)  # type: ignore[arg-type]
 
@@ -151,12 +163,14 @@ class PhaseAwareShapeRule:
         """The phase-aware rule for ``runner``; runs once per step.
 
         It reads the rows as the runner's ``_prepare_inputs`` classified them
-        for the attention metadata builders, just before this dispatch.
+        for the attention metadata builders, just before this dispatch; where
+        the worker classifies the step before that (:mod:`.early`), the
+        step's scheduler output instead.
         """
-        shape_rule, on_failure = self.rule, self.on_failure
+        shape_rule, on_failure, step_rule = self.rule, self.on_failure, self.step_rule
         count = counts.STATS.counter(PATCH_ID)
         # [None] until the first uniform real step, then whether it classifies early.
-        early: list[bool | None] = [None if self.early_classification else False]
+        early: list[bool | None] = [None if step_rule is not None else False]
 
         @functools.wraps(shape_rule)
         def phase_aware_is_uniform_decode(
@@ -181,9 +195,11 @@ class PhaseAwareShapeRule:
                     count(NON_UNIFORM)
                     return uniform
                 if early[0] is None:
-                    early[0] = _classifies_before_state_update(runner)
-                if early[0] or rows_are_decodes(
-                    runner, num_reqs, uniform_decode_query_len
+                    early[0] = classifies_before_state_update(runner)
+                if (
+                    step_rule(runner, uniform_decode_query_len)
+                    if early[0] and step_rule is not None
+                    else rows_are_decodes(runner, num_reqs, uniform_decode_query_len)
                 ):
                     count(UNIFORM_DECODE)
                     return uniform
@@ -206,12 +222,10 @@ def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
 
 
 def bind_phase_aware_shape_rule(
-    original: Any, on_failure: OnFailure, *, early_classification: bool = False
+    original: Any, on_failure: OnFailure, *, step_rule: ScheduledStepRule | None = None
 ) -> PhaseAwareShapeRule:
     """The :class:`ReplaceHook` factory; ``TypeError`` unless vLLM's static rule."""
-    return PhaseAwareShapeRule(
-        _static_shape_rule(original), on_failure, early_classification
-    )
+    return PhaseAwareShapeRule(_static_shape_rule(original), on_failure, step_rule)
 
 
 def native_reason(sources: SourceReader) -> str | None:
@@ -241,11 +255,22 @@ class V1PhaseDispatchPatch(Patch):
         super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
 
     def hook_points(self) -> list[HookPoint]:
+        if not worker_classifies_early(self.sources):
+            return [
+                ReplaceHook(
+                    RUNNER_MODULE,
+                    SHAPE_RULE,
+                    bind_phase_aware_shape_rule,
+                    caller=DISPATCH,
+                )
+            ]
         factory = functools.partial(
-            bind_phase_aware_shape_rule,
-            early_classification=worker_classifies_early(self.sources),
+            bind_phase_aware_shape_rule, step_rule=ScheduledStepRule(self.sources)
         )
-        return [ReplaceHook(RUNNER_MODULE, SHAPE_RULE, factory, caller=DISPATCH)]
+        return [
+            ReplaceHook(RUNNER_MODULE, SHAPE_RULE, factory, caller=DISPATCH),
+            ReplaceHook(WORKER_MODULE, WORKER_EXECUTE, hold_steps),
+        ]
 
     def reads(self) -> list[Requirement]:
         reads: list[Requirement] = [
@@ -258,27 +283,40 @@ class V1PhaseDispatchPatch(Patch):
             ),
         ]
         if worker_classifies_early(self.sources):
-            reads += [
-                SetsAttribute(
-                    RUNNER_MODULE, "GPUModelRunner", "parallel_config", SHAPE_RULE
-                ),
-                SetsAttribute(
-                    RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
-                ),
-                SetsAttribute(
-                    COMPILATION_CONFIG, "PassConfig", "enable_sp", SHAPE_RULE
-                ),
-                SetsAttribute(
-                    PARALLEL_CONFIG,
-                    "ParallelConfig",
-                    "pipeline_parallel_size",
-                    SHAPE_RULE,
-                ),
-            ]
+            reads += _early_reads()
         return reads
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+
+def _early_reads() -> list[Requirement]:
+    """What the rule and the worker's hook read where the worker classifies early."""
+    reads: list[Requirement] = [
+        SetsAttribute(WORKER_MODULE, "Worker", "model_runner", WORKER_EXECUTE),
+        TakesParameters(
+            WORKER_MODULE, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
+        ),
+        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "parallel_config", SHAPE_RULE),
+        SetsAttribute(
+            RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
+        ),
+        SetsAttribute(COMPILATION_CONFIG, "PassConfig", "enable_sp", SHAPE_RULE),
+        SetsAttribute(
+            PARALLEL_CONFIG, "ParallelConfig", "pipeline_parallel_size", SHAPE_RULE
+        ),
+        # Prompt lengths of cached requests, where drafts count past the prompt.
+        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "requests", SHAPE_RULE),
+        SetsAttribute(
+            INPUT_BATCH_MODULE, "CachedRequestState", "num_prompt_tokens", SHAPE_RULE
+        ),
+    ]
+    for owner, fields in _STEP_FIELDS.items():
+        reads += [
+            SetsAttribute(SCHEDULER_OUTPUT, owner, field, SHAPE_RULE)
+            for field in fields
+        ]
+    return reads
 
 
 def make_patch() -> V1PhaseDispatchPatch:

@@ -25,14 +25,14 @@ the decode query length and is a decode to the builders (with speculation: it
 has query length - 1 drafts; without: it had computed a token before).
 """
 
-import inspect
+{extra_stdlib}import inspect
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
+{extra_vllm}
 MAX_ROWS = 16
 NO_DRAFTS = -1
 
@@ -53,10 +53,6 @@ def _runner(rows, decode_query_len):
         uniform_decode_query_len=decode_query_len,
         input_batch=SimpleNamespace(num_computed_tokens_cpu=computed),
         num_decode_draft_tokens=SimpleNamespace(np=drafts),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1),
-        compilation_config=SimpleNamespace(
-            pass_config=SimpleNamespace(enable_sp=False)
-        ),
     )
     return runner
 
@@ -69,18 +65,14 @@ def _is_decode(row, decode_query_len):
 
 
 def _classification(runner, num_reqs, force_uniform_decode=None):
-    """The dispatch's uniform-decode answer, as the rest of it consumes it.
-
-    The dispatch runs until it reads state this runner was not given, past
-    the classification; the answer is read from the dispatch's frame there.
-    """
+    """The dispatch's uniform-decode answer, as the rest of it consumes it."""
     dispatch = inspect.unwrap(GPUModelRunner._determine_batch_execution_and_padding)
     q = runner.uniform_decode_query_len
     kwargs = {{}}
     if force_uniform_decode is not None:
         kwargs["force_uniform_decode"] = force_uniform_decode
-    with pytest.raises(AttributeError) as stopped:
-        dispatch(
+    return _answer_of_the_dispatch(
+        lambda: dispatch(
             runner,
             num_tokens=q * num_reqs,
             num_reqs=num_reqs,
@@ -89,6 +81,15 @@ def _classification(runner, num_reqs, force_uniform_decode=None):
             use_cascade_attn=False,
             **kwargs,
         )
+    )
+
+
+def _answer_of_the_dispatch(call):
+    """Run ``call`` until the dispatch reads state its runner was not given,
+    past the classification; the answer is read from the dispatch's frame."""
+    dispatch = inspect.unwrap(GPUModelRunner._determine_batch_execution_and_padding)
+    with pytest.raises(AttributeError) as stopped:
+        call()
     traceback = stopped.value.__traceback__
     while traceback is not None and traceback.tb_frame.f_code is not dispatch.__code__:
         traceback = traceback.tb_next
@@ -156,7 +157,165 @@ def test_rows_past_the_batch_are_ignored():
 '''
 
 
-def v1_phase_dispatch(classification: str = "uniform_decode") -> str:
+_SCHEDULED_STEP = '''
+
+# -- the step's scheduler output -----------------------------------------------
+# Under pipeline + sequence parallelism the worker dispatches before the runner
+# updates its request state; both dispatches of a step read the step's
+# scheduler output. The runners below hold the previous step's columns, which
+# say the opposite of the step's answer.
+
+DRAFTS_COUNT_PAST_PROMPT = {past_prompt}
+
+
+def _step(requests):
+    """A scheduler output. requests: (req_id, is_new, num_computed,
+    num_prompt, num_scheduled, num_drafts or None)."""
+    new = [r for r in requests if r[1]]
+    cached = [r for r in requests if not r[1]]
+    return SimpleNamespace(
+        num_scheduled_tokens={{r[0]: r[4] for r in requests}},
+        total_num_scheduled_tokens=sum(r[4] for r in requests),
+        scheduled_spec_decode_tokens={{
+            r[0]: [-1] * r[5] for r in requests if r[5] is not None
+        }},
+        scheduled_new_reqs=[
+            SimpleNamespace(
+                req_id=r[0],
+                num_computed_tokens=r[2],
+                prompt_token_ids=[0] * r[3],
+                prompt_embeds=None,
+            )
+            for r in new
+        ],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[r[0] for r in cached],
+            num_computed_tokens=[r[2] for r in cached],
+        ),
+    )
+
+
+def _is_scheduled_decode(request, decode_query_len):
+    _, _, num_computed, num_prompt, num_scheduled, num_drafts = request
+    if decode_query_len == 1:
+        return num_computed > 0
+    if num_drafts != decode_query_len - 1:
+        return False
+    if DRAFTS_COUNT_PAST_PROMPT:
+        return num_computed >= num_prompt
+    return num_scheduled == num_drafts + 1
+
+
+def _stale_runner(requests, decode_query_len):
+    """A runner whose columns say the opposite of the step's answer."""
+    decodes = all(_is_scheduled_decode(r, decode_query_len) for r in requests)
+    stale = (0, NO_DRAFTS) if decodes else (50, decode_query_len - 1)
+    runner = _runner([stale] * len(requests), decode_query_len)
+    runner.requests = {{
+        r[0]: SimpleNamespace(num_prompt_tokens=r[3]) for r in requests if not r[1]
+    }}
+    return runner
+
+
+# (req_id, is_new, num_computed, num_prompt, num_scheduled, num_drafts) per
+# request, for query length q.
+STEP_CASES = {{
+    "fresh_prompt": lambda q: [("new", True, 0, q, q, None)],
+    "prefix_cache_hit": lambda q: [("hit", True, 64, 64 + q, q, None)],
+    "reprefill_after_preemption": lambda q: [("resumed", False, 17, 10, q, None)],
+    "decodes": lambda q: [(f"d{{i}}", False, 25 + i, 10, q, q - 1) for i in range(3)],
+    "decode_and_a_fresh_prompt": lambda q: [
+        ("d", False, 25, 10, q, q - 1),
+        ("new", True, 0, q, q, None),
+    ],
+    "padded_prompt_tail": lambda q: [
+        ("d", False, 25, 10, q, q - 1),
+        ("tail", True, 128, 129, q, q - 1),
+    ],
+}}
+
+
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+@pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3])
+def test_a_step_is_classified_from_its_scheduler_output(case, num_speculative_tokens):
+    q = num_speculative_tokens + 1
+    requests = STEP_CASES[case](q)
+    runner = _stale_runner(requests, q)
+
+    has_prefill = runner._has_prefill_request(len(requests), _step(requests))
+
+    assert has_prefill == (not all(_is_scheduled_decode(r, q) for r in requests))
+
+
+def _worker(runner):
+    """A worker on one of several pipeline stages, with sequence parallelism."""
+    worker = object.__new__(Worker)
+    worker.__dict__.update(
+        _pp_send_work=[],
+        vllm_config=SimpleNamespace(
+            parallel_config=SimpleNamespace(
+                pipeline_parallel_size=2, tensor_parallel_size=1
+            ),
+            compilation_config=SimpleNamespace(
+                pass_config=SimpleNamespace(enable_sp=True)
+            ),
+        ),
+        use_v2_model_runner=False,
+        model_runner=runner,
+    )
+    return worker
+
+
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+def test_the_worker_classifies_the_step_it_is_about_to_run(case):
+    q = 4
+    requests = STEP_CASES[case](q)
+    worker = _worker(_stale_runner(requests, q))
+
+    uniform_decode = _answer_of_the_dispatch(
+        lambda: Worker.execute_model(worker, _step(requests))
+    )
+
+    assert uniform_decode == all(_is_scheduled_decode(r, q) for r in requests)
+
+
+def test_the_runner_hands_the_step_to_its_own_dispatch():
+    """Both dispatches of a step decide from the same scheduler output."""
+    source = textwrap.dedent(inspect.getsource(GPUModelRunner.execute_model))
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", None) == "_determine_batch_execution_and_padding"
+    ]
+    assert len(calls) == 1
+    assert [
+        keyword.value.id
+        for keyword in calls[0].keywords
+        if keyword.arg == "scheduler_output" and isinstance(keyword.value, ast.Name)
+    ] == ["scheduler_output"]
+'''
+
+
+def v1_phase_dispatch(
+    classification: str = "uniform_decode",
+    *,
+    scheduled_step: bool = False,
+    drafts_count_past_prompt: bool = False,
+) -> str:
     """The tests for a tree whose dispatch names its classification
-    ``classification``."""
-    return HEADER + _V1_PHASE_DISPATCH.format(name=classification)
+    ``classification``; with ``scheduled_step``, those of the step's scheduler
+    output too (the tree's worker classifies early), whose drafts count where a
+    row is past its prompt if ``drafts_count_past_prompt``, else where it
+    schedules exactly 1 + its drafts."""
+    text = _V1_PHASE_DISPATCH.format(
+        name=classification,
+        extra_stdlib="import ast\n" if scheduled_step else "",
+        extra_vllm=(
+            "from vllm.v1.worker.gpu_worker import Worker\n" if scheduled_step else ""
+        ),
+    )
+    if scheduled_step:
+        text = text.replace("import inspect\n", "import inspect\nimport textwrap\n", 1)
+        text += _SCHEDULED_STEP.format(past_prompt=drafts_count_past_prompt)
+    return HEADER + text

@@ -1,0 +1,209 @@
+"""Pipeline plus sequence parallel on vLLM 0.20-0.31: the worker classifies first.
+
+With both, those releases' ``Worker.execute_model`` calls the runner's
+dispatch itself, before the runner updates its request state, to size the
+residual it receives from the previous pipeline stage; the runner then
+dispatches again inside its own ``execute_model``. At the first call the
+runner's columns still describe the previous step. On such a worker the
+plugin holds the step's scheduler output while ``execute_model`` runs, and
+the rule decides both calls from it (:mod:`vllm_graphsafe.fixes.scheduled_rows`):
+one answer for both calls, the one the rows give once ``_prepare_inputs`` has
+run. Every other worker keeps vLLM's own ``execute_model``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.fixes.scheduled_rows import (
+    DraftCounting,
+    scheduled_rows_are_decodes,
+)
+from vllm_graphsafe.registry import OnFailure, SourceReader
+from vllm_graphsafe.vllm_layout import V1_RUNNER
+
+PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
+WORKER_EXECUTE = "Worker.execute_model"
+_WORKER_EXECUTE_NAME = WORKER_EXECUTE.rsplit(".", 1)[-1]
+_DRAFT_COLUMN = "num_decode_draft_tokens"
+READING_WORKER = (
+    "Worker.model_runner (its parallel_config.pipeline_parallel_size and "
+    "compilation_config.pass_config.enable_sp)"
+)
+
+#: The scheduler output of the step each runner is executing, by ``id(runner)``,
+#: while its worker's ``execute_model`` runs (only on workers that classify early).
+_HELD_STEPS: dict[int, Any] = {}
+
+
+def classifies_before_state_update(runner: Any) -> bool:
+    """Pipeline plus sequence parallel: the worker dispatches before the runner
+    updates its request state (on releases whose worker calls the dispatch)."""
+    return bool(
+        runner.parallel_config.pipeline_parallel_size > 1
+        and runner.compilation_config.pass_config.enable_sp
+    )
+
+
+class StepHoldingExecute:
+    """Installed as ``Worker.execute_model`` where the worker classifies early.
+
+    On a worker whose runner classifies before its state update, the bound
+    method holds the step's scheduler output for the runner while it runs; on
+    any other worker it is vLLM's own bound method. Either is decided on the
+    first access after the worker has its runner, and kept in the worker's
+    ``__dict__``, so later steps pay nothing on workers that need no step.
+    """
+
+    def __init__(self, original: Any, on_failure: OnFailure) -> None:
+        if not hasattr(original, "__get__"):
+            raise TypeError(f"{WORKER_EXECUTE} is {type(original).__name__}")
+        self.original = original
+        self.on_failure = on_failure
+        self._workers: weakref.WeakSet[Any] = weakref.WeakSet()
+        functools.update_wrapper(self, original)  # type: ignore[arg-type]
+
+    def __get__(self, worker: Any, owner: type | None = None) -> Any:
+        if worker is None:
+            return self.original
+        execute = self.original.__get__(worker, owner)
+        if getattr(worker, "model_runner", None) is None:
+            return execute  # no runner yet: decided on a later access
+        try:
+            if classifies_before_state_update(worker.model_runner):
+                execute = _holding_the_step(execute, worker)
+        except Exception as error:
+            self.on_failure(error, READING_WORKER)
+            return execute
+        try:
+            self._workers.add(worker)
+            worker.__dict__[_WORKER_EXECUTE_NAME] = execute
+        except (AttributeError, TypeError):
+            self._workers.discard(worker)  # decided again on each access
+        return execute
+
+    def release(self) -> None:
+        """Drop the kept methods from the workers: vLLM's method applies again."""
+        for worker in list(self._workers):
+            worker.__dict__.pop(_WORKER_EXECUTE_NAME, None)
+        self._workers = weakref.WeakSet()
+
+
+def _holding_the_step(execute: Callable[..., Any], worker: Any) -> Callable[..., Any]:
+    @functools.wraps(execute)
+    def execute_model_holding_its_step(*args: Any, **kwargs: Any) -> Any:
+        key = id(worker.model_runner)
+        _HELD_STEPS[key] = args[0] if args else kwargs.get("scheduler_output")
+        try:
+            return execute(*args, **kwargs)
+        finally:
+            _HELD_STEPS.pop(key, None)
+
+    return execute_model_holding_its_step
+
+
+def hold_steps(original: Any, on_failure: OnFailure) -> StepHoldingExecute:
+    """The :class:`ReplaceHook` factory for ``Worker.execute_model``."""
+    return StepHoldingExecute(original, on_failure)
+
+
+def held_step(runner: Any) -> Any:
+    """The scheduler output of the step ``runner`` is executing."""
+    step = _HELD_STEPS.get(id(runner))
+    if step is None:
+        raise LookupError(
+            "no scheduler output is held for this step: the runner classified "
+            f"a step outside its worker's {_WORKER_EXECUTE_NAME}"
+        )
+    return step
+
+
+class ScheduledStepRule:
+    """Whether every row of the step a runner executes is a decode, read from
+    the step's scheduler output; the release's way of counting drafts is read
+    from its ``_prepare_inputs`` on first use (only where the worker
+    classifies early)."""
+
+    def __init__(self, sources: SourceReader) -> None:
+        self.sources = sources
+        self._counting: DraftCounting | None = None
+
+    def counting(self) -> DraftCounting:
+        if self._counting is None:
+            prepare = self.sources.function_node(V1_RUNNER, PREPARE_INPUTS)
+            counting = None if prepare is None else recognise_draft_counting(prepare)
+            if counting is None:
+                raise LookupError(
+                    f"{PREPARE_INPUTS} counts draft tokens in a way this "
+                    "plugin does not recognise"
+                )
+            self._counting = counting
+        return self._counting
+
+    def __call__(self, runner: Any, decode_query_len: int) -> bool:
+        step = held_step(runner)
+        num_drafts = decode_query_len - 1
+        counting = self.counting() if num_drafts else DraftCounting()
+        return step_rows_are_decodes(runner, step, num_drafts, counting)
+
+
+def step_rows_are_decodes(
+    runner: Any, step: Any, num_drafts: int, counting: DraftCounting
+) -> bool:
+    """:func:`scheduled_rows_are_decodes` over a scheduler output; prompt
+    lengths from the new requests, else from the runner's request table."""
+    new_requests = step.scheduled_new_reqs
+    computed = {request.req_id: request.num_computed_tokens for request in new_requests}
+    cached = step.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    new_by_id = {request.req_id: request for request in new_requests}
+
+    def prompt_length(req_id: str) -> int:
+        request = new_by_id.get(req_id)
+        if request is None:
+            return int(runner.requests[req_id].num_prompt_tokens)
+        tokens = request.prompt_token_ids
+        return len(tokens if tokens is not None else request.prompt_embeds)
+
+    return scheduled_rows_are_decodes(
+        step.num_scheduled_tokens,
+        step.scheduled_spec_decode_tokens,
+        computed,
+        prompt_length,
+        num_drafts,
+        counting,
+    )
+
+
+def recognise_draft_counting(prepare_inputs: ast.AST) -> DraftCounting | None:
+    """How ``_prepare_inputs`` counts a row's drafts into ``num_decode_draft_tokens``.
+
+    The condition under which it stores a row's draft count compares either
+    the row's computed count with its prompt length, or its scheduled tokens
+    with its drafts; a later store of 0 marks zero-draft decodes. None when
+    neither (or both) conditions are found.
+    """
+    past_prompt = plus_one = zero_draft = False
+    for node in ast.walk(prepare_inputs):
+        if isinstance(node, ast.If) and any(
+            recognition.stores_into_subscript_of(statement, _DRAFT_COLUMN)
+            for statement in node.body
+        ):
+            tested = recognition.referenced_names(node.test)
+            past_prompt |= "num_prompt_tokens" in tested
+            plus_one |= "num_scheduled_tokens" in tested
+        elif (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value == 0
+            and recognition.stores_into_subscript_of(node, _DRAFT_COLUMN)
+        ):
+            zero_draft = True
+    if past_prompt == plus_one:
+        return None
+    return DraftCounting(past_prompt=past_prompt, zero_draft_decodes=zero_draft)
