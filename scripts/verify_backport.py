@@ -217,20 +217,25 @@ def verify(venv: Path, workdir: Path, fork: Path | None = None) -> Checks:
         _summary(on_edited),
     )
     on_pristine = run(
-        [*pytest, "-rf", "--rootdir", str(pristine), *tests],
+        [*pytest, "-rA", "--rootdir", str(pristine), *tests],
         env={**PLUGIN_OFF, "PYTHONPATH": str(pristine)},
         cwd=pristine,
     )
-    failing = {
-        line.split()[1].split("::")[0]
-        for line in on_pristine.stdout.splitlines()
-        if line.startswith("FAILED ")
-    }
+    outcomes: dict[str, dict[str, list[str]]] = {}
+    for line in on_pristine.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("PASSED", "FAILED", "ERROR") and "::" in rest:
+            test = rest.split(" - ")[0]
+            by_word = outcomes.setdefault(test.split("::")[0], {})
+            by_word.setdefault(word, []).append(test)
     for path in tests:
+        passed = outcomes.get(path, {}).get("PASSED", [])
+        failed = outcomes.get(path, {}).get("FAILED", [])
         checks.report(
-            on_pristine.returncode == 1 and path in failing,
-            f"{Path(path).name} fails on the pristine tree",
-            _summary(on_pristine),
+            bool(failed) and not passed,
+            f"every test of {Path(path).name} fails on the pristine tree",
+            f"{len(failed)} failed, {len(passed)} passed"
+            + (f" ({', '.join(passed[:3])})" if passed else ""),
         )
 
     selector = workdir / "graphsafe_verify_selection.py"

@@ -115,36 +115,27 @@ CASES = {{
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3, 7])
-def test_a_request_that_is_not_a_decode_makes_the_batch_a_prefill(
-    case, num_speculative_tokens
-):
-    q = num_speculative_tokens + 1
-    rows = CASES[case](q)
-    runner = _runner(rows, q)
-
-    has_prefill = runner._has_prefill_request(len(rows))
-
-    assert has_prefill == (not all(_is_decode(row, q) for row in rows))
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3, 7])
 def test_real_step_is_uniform_decode_only_when_every_row_is_a_decode(
     case, num_speculative_tokens
 ):
     q = num_speculative_tokens + 1
     rows = CASES[case](q)
     runner = _runner(rows, q)
+    every_row_decodes = all(_is_decode(row, q) for row in rows)
 
+    has_prefill = runner._has_prefill_request(len(rows))
     uniform_decode = _classification(runner, len(rows))
 
-    assert uniform_decode == all(_is_decode(row, q) for row in rows)
+    assert has_prefill == (not every_row_decodes)
+    assert uniform_decode == every_row_decodes
 
 
 @pytest.mark.parametrize("forced", [True, False])
 def test_capture_and_dummy_runs_keep_their_classification(forced):
     runner = _runner(CASES["equal_fresh_prompts"](4), 4)
 
+    # Prompt rows, yet a capture or dummy run keeps the class it asked for.
+    assert runner._has_prefill_request(3) is True
     assert _classification(runner, 3, force_uniform_decode=forced) is forced
 
 
@@ -272,11 +263,16 @@ def test_the_worker_classifies_the_step_it_is_about_to_run(case):
     requests = STEP_CASES[case](q)
     worker = _worker(_stale_runner(requests, q))
 
+    every_request_decodes = all(_is_scheduled_decode(r, q) for r in requests)
+
     uniform_decode = _answer_of_the_dispatch(
         lambda: Worker.execute_model(worker, _step(requests))
     )
 
-    assert uniform_decode == all(_is_scheduled_decode(r, q) for r in requests)
+    assert worker.model_runner._has_prefill_request(
+        len(requests), _step(requests)
+    ) == (not every_request_decodes)
+    assert uniform_decode == every_request_decodes
 
 
 def test_the_runner_hands_the_step_to_its_own_dispatch():
