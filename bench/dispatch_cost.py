@@ -32,8 +32,10 @@ Classification cost (benchmark 1)
     ``mrv2.phase``  the same lines published by the patch's step hook
                   (``bind_target_step``) and counted by its count hook
                   (``bind_target_count``), over request states of
-                  ``TABLE_ROWS`` rows filled by the release's ``add_request``,
-                  no row in prefill: the typical decode step.
+                  ``TABLE_ROWS`` rows filled by the release's ``add_request``
+                  and brought up to date for the step by its
+                  ``update_requests`` (as ``execute_model`` does before it
+                  classifies), no row in prefill: the typical decode step.
     ``mrv2.phase_stale``  as ``mrv2.phase`` with ``STALE_ROWS`` more live
                   requests mid-prefill that are not scheduled this step (the
                   scan's worst case: each such row costs a lookup); the table
@@ -284,7 +286,8 @@ def _native_lines(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -
 
 
 def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
-    """The class tests' MRV2 step over a request-state table of ``rows`` rows.
+    """The class tests' MRV2 step over a request-state table of ``rows`` rows,
+    its request states updated for the step as ``execute_model`` does first.
 
     Their fake records reads of the phase columns through a Python-level
     ``__getattribute__`` that vLLM's own ``RequestState`` does not have: the
@@ -296,6 +299,10 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
 
     with table_rows(mrv2_state, "MAX_REQS", rows):
         step = mrv2_state.make_step(reqs, DECODE_QUERY_LEN)
+        # execute_model brings the request states up to date before its
+        # classification lines (the release's own update_requests): a decoding
+        # row's computed prefill is then its prefill length.
+        step.run_state_update()
     step.runner.req_states.__class__ = RequestState
     return step
 

@@ -69,7 +69,10 @@ def time_register() -> dict[str, Any]:
         for patch in plugin.registry().patches
         if patch._source_reader is not None
     }
-    parsed = sorted({m for r in readers.values() for m in r._trees})
+    # Modules parsed whole or in pieces: none where every verdict was kept.
+    parsed = sorted(
+        {m for r in readers.values() for m in (*r._trees, *r.pieces_parsed)}
+    )
     source = str(plugin.__file__)
     bytecode = Path(importlib.util.cache_from_source(source)).exists()
     return {

@@ -9,6 +9,7 @@ implements it (the shape each patch's ``native_reason`` looks for).
 from __future__ import annotations
 
 import ast
+import collections
 import gc
 from collections.abc import Iterable, Iterator
 
@@ -28,6 +29,25 @@ def parse(text: str) -> ast.Module | None:
     finally:
         if collecting:
             gc.enable()
+
+
+def walk(node: ast.AST) -> Iterator[ast.AST]:
+    """:func:`ast.walk`, in its order (breadth first, fields in order), without
+    its per-node generators: judging a fix walks every node of the functions
+    it reads."""
+    todo = collections.deque([node])
+    take, add = todo.popleft, todo.append
+    while todo:
+        node = take()
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, ast.AST):
+                add(value)
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        add(item)
+        yield node
 
 
 def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
@@ -96,7 +116,7 @@ def called_name(call: ast.Call) -> str | None:
 
 
 def calls(function: ast.AST) -> Iterator[ast.Call]:
-    return (node for node in ast.walk(function) if isinstance(node, ast.Call))
+    return (node for node in walk(function) if isinstance(node, ast.Call))
 
 
 def calls_name(function: ast.AST, name: str) -> bool:
@@ -121,7 +141,7 @@ def self_methods_called(function: FunctionNode) -> list[str]:
 def referenced_names(node: ast.AST) -> set[str]:
     """Every ``Name`` id and ``Attribute`` attr inside ``node``."""
     names: set[str] = set()
-    for child in ast.walk(node):
+    for child in walk(node):
         if isinstance(child, ast.Name):
             names.add(child.id)
         elif isinstance(child, ast.Attribute):
@@ -135,19 +155,27 @@ def class_sets_attribute(cls: ast.ClassDef, attribute: str) -> bool:
     A class-level field (dataclass / NamedTuple), a method or property of
     that name, or an assignment to ``self.<attribute>`` in any method.
     """
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if node.target.id == attribute:
-                return True
-        elif isinstance(node, ast.Assign):
-            if any(isinstance(t, ast.Name) and t.id == attribute for t in node.targets):
-                return True
-        elif (
-            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.name == attribute
-        ):
-            return True
-    for child in ast.walk(cls):
+    return any(
+        class_statement_binds(node, attribute) for node in cls.body
+    ) or assigns_self_attribute(cls, attribute)
+
+
+def class_statement_binds(node: ast.stmt, attribute: str) -> bool:
+    """Whether ``node``, a statement of a class body, binds ``attribute`` there
+    (a field, an assignment to the name, or a method of that name)."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return node.target.id == attribute
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == attribute for t in node.targets)
+    return (
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name == attribute
+    )
+
+
+def assigns_self_attribute(node: ast.AST, attribute: str) -> bool:
+    """Whether code inside ``node`` assigns to ``self.<attribute>``."""
+    for child in walk(node):
         targets: list[ast.expr] = []
         if isinstance(child, ast.Assign):
             targets = list(child.targets)
@@ -177,7 +205,7 @@ def _flatten(targets: Iterable[ast.expr]) -> Iterator[ast.expr]:
 
 def compares_names(function: ast.AST, left: set[str], right: set[str]) -> bool:
     """An ``ast.Compare`` with a name of ``left`` on one side, ``right`` on another."""
-    for node in ast.walk(function):
+    for node in walk(function):
         if not isinstance(node, ast.Compare):
             continue
         operands = [referenced_names(o) for o in (node.left, *node.comparators)]
@@ -206,7 +234,7 @@ def _chain_names(node: ast.expr) -> set[str]:
 
 def stores_into_subscript_of(function: ast.AST, name: str) -> bool:
     """Assigns to ``...name...[i]`` or calls ``...name...[i].copy_(...)``."""
-    for node in ast.walk(function):
+    for node in walk(function):
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = list(_flatten(node.targets))

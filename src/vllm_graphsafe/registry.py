@@ -143,10 +143,9 @@ class SetsAttribute:
     reader: str
 
     def missing(self, sources: SourceReader) -> str | None:
-        cls = sources.class_node(self.module, self.owner)
-        if cls is None:
+        if not sources.has_class(self.module, self.owner):
             return f"{self.module}.{self.owner} is missing (read by {self.reader})"
-        if not recognition.class_sets_attribute(cls, self.attribute):
+        if not sources.sets_attribute(self.module, self.owner, self.attribute):
             return (
                 f"{self.module}.{self.owner} no longer sets {self.attribute} "
                 f"(read by {self.reader})"

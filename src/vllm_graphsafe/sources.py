@@ -1,9 +1,15 @@
 """Reading vLLM module source without importing it, as text and as parsed code.
 
 Each read keeps the file's identity (its path and the SHA-256 of its bytes),
-and yes/no questions about the code (``calls``, ``defines``) keep their
-answers, so that a judgement can be kept with what it read
+and yes/no questions about the code (``calls``, ``defines``, ``sets_attribute``)
+keep their answers, so that a judgement can be kept with what it read
 (:mod:`vllm_graphsafe.verdicts`).
+
+A question parses only the statements it is about, found by the module's
+:class:`~vllm_graphsafe.outline.Outline` (a function, the logical lines that
+mention a name); where the outline cannot place them exactly, or a piece does
+not parse as the statement it should be, the whole module is parsed instead.
+Either way the answer is what the module's parsed code says.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_graphsafe import recognition
+from vllm_graphsafe.outline import Outline, OutlineError, Span
 
 
 class SourceReader:
@@ -32,9 +39,14 @@ class SourceReader:
         self._texts: dict[str, str | None] = {}
         self._identities: dict[str, tuple[str, str] | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
+        self._outlines: dict[str, Outline | None] = {}
+        self._functions: dict[tuple[str, str], recognition.FunctionNode | None] = {}
+        self._classes: dict[tuple[str, str], ast.ClassDef | None] = {}
         #: Yes/no answers about the code (``calls``, ``defines``), by question.
         self._answers: dict[str, bool] = {}
         self._recordings: list[Reading] = []
+        #: Modules parsed in pieces (how many pieces) rather than whole.
+        self.pieces_parsed: dict[str, int] = {}
 
     def exists(self, module: str) -> bool:
         return self.text(module) is not None
@@ -80,10 +92,42 @@ class SourceReader:
         return self._answers[question]
 
     def tree(self, module: str) -> ast.Module | None:
+        """The whole module, parsed (the outline's questions avoid this)."""
         if module not in self._trees:
             text = self.text(module)
             self._trees[module] = None if text is None else recognition.parse(text)
         return self._trees[module]
+
+    def outline(self, module: str) -> Outline | None:
+        """Where ``module``'s statements are; None where it has no source, is
+        parsed whole already, or is text the outline cannot place exactly."""
+        if module not in self._outlines:
+            text = self.text(module)
+            outline = None
+            if text is not None and module not in self._trees:
+                try:
+                    outline = Outline(text)
+                except OutlineError:
+                    outline = None
+            self._outlines[module] = outline
+        return self._outlines[module] if module not in self._trees else None
+
+    def _parse(
+        self, outline: Outline, module: str, span: Span
+    ) -> list[ast.stmt] | None:
+        self.pieces_parsed[module] = self.pieces_parsed.get(module, 0) + 1
+        return outline.parse(span)
+
+    def _clause(
+        self, outline: Outline, module: str, span: Span
+    ) -> list[ast.stmt] | None:
+        self.pieces_parsed[module] = self.pieces_parsed.get(module, 0) + 1
+        return outline.parse_clause(span)
+
+    def _searchable(self, module: str) -> Outline | None:
+        """The outline, where a search for a name finds every place that names it."""
+        outline = self.outline(module)
+        return None if outline is None or outline.hides_identifiers() else outline
 
     def defines(self, module: str, qualname: str) -> bool:
         """Whether ``module`` defines ``qualname`` in code (a method, or a
@@ -95,18 +139,78 @@ class SourceReader:
         )
 
     def _defines(self, module: str, qualname: str) -> bool:
-        tree = self.tree(module)
-        if tree is None:
-            return False
         if "." in qualname:
-            return recognition.find_function(tree, qualname) is not None
-        return recognition.module_binds(tree, qualname)
+            return self.function_node(module, qualname) is not None
+        outline = self._searchable(module)
+        if outline is not None:
+            binds = self._binds_at_top_level(outline, module, qualname)
+            if binds is not None:
+                return binds
+        tree = self.tree(module)
+        return tree is not None and recognition.module_binds(tree, qualname)
+
+    def _binds_at_top_level(
+        self, outline: Outline, module: str, name: str
+    ) -> bool | None:
+        """``recognition.module_binds`` from the top-level statements that
+        mention ``name``; None: parse the module whole."""
+        seen: set[int] = set()
+        for offset in outline.occurrences(name):
+            span = outline.top_level_statement(offset)
+            if span.first in seen:
+                continue
+            seen.add(span.first)
+            header = outline.header(span.first)
+            if header is not None:
+                if header[1] == name:
+                    return True
+                continue
+            if outline.opens_compound(span.first):
+                continue  # binds nothing directly at module level
+            statements = self._parse(outline, module, span)
+            if statements is None:
+                return None
+            if recognition.module_binds(ast.Module(statements, []), name):
+                return True
+        return False
 
     def function_node(
         self, module: str, qualname: str
     ) -> recognition.FunctionNode | None:
-        tree = self.tree(module)
-        return None if tree is None else recognition.find_function(tree, qualname)
+        """The ``def`` of ``qualname`` (``Class.method`` or a module-level name)."""
+        key = (module, qualname)
+        if key not in self._functions:
+            found = self._function_piece(module, qualname)
+            if found is _UNSURE:
+                tree = self.tree(module)
+                found = (
+                    None if tree is None else recognition.find_function(tree, qualname)
+                )
+            self._functions[key] = found  # type: ignore[assignment]
+        return self._functions[key]
+
+    def _function_piece(self, module: str, qualname: str) -> object:
+        """The def from its own lines; ``_UNSURE`` where the outline cannot tell."""
+        outline = self.outline(module)
+        *owners, leaf = qualname.split(".")
+        if outline is None or len(owners) > 1:
+            return _UNSURE
+        if owners:
+            owner = outline.top_level_definition("class", owners[0])
+            span = None if owner is None else outline.member_definition(owner, leaf)
+        else:
+            span = outline.top_level_definition("def", leaf)
+        if span is None:
+            return None
+        statements = self._parse(outline, module, span)
+        if (
+            statements is None
+            or len(statements) != 1
+            or not isinstance(statements[0], ast.FunctionDef | ast.AsyncFunctionDef)
+            or statements[0].name != leaf
+        ):
+            return _UNSURE
+        return statements[0]
 
     def function(self, module: str, qualname: str) -> str | None:
         """Source text of the ``def`` of ``qualname``, decorators excluded."""
@@ -118,8 +222,104 @@ class SourceReader:
         return "".join(lines[node.lineno - 1 : node.end_lineno])
 
     def class_node(self, module: str, name: str) -> ast.ClassDef | None:
-        tree = self.tree(module)
-        return None if tree is None else recognition.find_class(tree, name)
+        """The module-level ``class`` named ``name`` (the first one)."""
+        key = (module, name)
+        if key not in self._classes:
+            found: object = _UNSURE
+            outline = self.outline(module)
+            if outline is not None:
+                span = outline.top_level_definition("class", name)
+                found = (
+                    None
+                    if span is None
+                    else self._class_piece(outline, module, span, name)
+                )
+            if found is _UNSURE:
+                tree = self.tree(module)
+                found = None if tree is None else recognition.find_class(tree, name)
+            self._classes[key] = found  # type: ignore[assignment]
+        return self._classes[key]
+
+    def _class_piece(
+        self, outline: Outline, module: str, span: Span, name: str
+    ) -> object:
+        statements = self._parse(outline, module, span)
+        if (
+            statements is None
+            or len(statements) != 1
+            or not isinstance(statements[0], ast.ClassDef)
+            or statements[0].name != name
+        ):
+            return _UNSURE
+        return statements[0]
+
+    def has_class(self, module: str, name: str) -> bool:
+        """Whether ``module`` defines a class ``name`` at module level."""
+
+        def work() -> bool:
+            outline = self.outline(module)
+            if outline is not None:
+                return outline.top_level_definition("class", name) is not None
+            return self.class_node(module, name) is not None
+
+        return self._answer(module, question("has_class", module, name), work)
+
+    def sets_attribute(self, module: str, owner: str, attribute: str) -> bool:
+        """Whether instances of class ``owner`` get ``attribute`` from its own
+        code (:func:`recognition.class_sets_attribute`); False without the class."""
+
+        def work() -> bool:
+            found = self._sets_attribute_in_pieces(module, owner, attribute)
+            if found is not None:
+                return found
+            cls = self.class_node(module, owner)
+            return cls is not None and recognition.class_sets_attribute(cls, attribute)
+
+        return self._answer(
+            module, question("sets_attribute", module, owner, attribute), work
+        )
+
+    def _sets_attribute_in_pieces(
+        self, module: str, owner: str, attribute: str
+    ) -> bool | None:
+        """From the class's statements that name ``attribute`` at its top, and
+        the logical lines that may assign ``self.<attribute>``; None: unsure."""
+        outline = self._searchable(module)
+        if outline is None:
+            return None
+        span = outline.top_level_definition("class", owner)
+        if span is None:
+            return False
+        members, indent = outline.members(span)
+        if not members:
+            return None  # a one-line body: the class parsed whole says it
+        for index, line in enumerate(members):
+            header = outline.header(line)
+            if header is not None:
+                if header == ("def", attribute):
+                    return True
+                continue
+            end = members[index + 1] if index + 1 < len(members) else span.end
+            member = Span(line, end, indent)
+            if outline.opens_compound(line) or not outline.names(member, attribute):
+                continue
+            statements = self._parse(outline, module, member)
+            if statements is None:
+                return None
+            if any(recognition.class_statement_binds(s, attribute) for s in statements):
+                return True
+        seen: set[int] = set()
+        for offset in outline.self_attribute_targets(attribute, span):
+            line_span = outline.statement_at(offset)
+            if line_span.first in seen:
+                continue
+            seen.add(line_span.first)
+            nodes = self._clause(outline, module, line_span)
+            if nodes is None:
+                return None
+            if any(recognition.assigns_self_attribute(n, attribute) for n in nodes):
+                return True
+        return False
 
     def calls(self, module: str, caller: str, callee: str) -> bool:
         """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
@@ -134,10 +334,35 @@ class SourceReader:
         """Whether any code of ``module`` calls ``callee`` by name."""
 
         def work() -> bool:
+            found = self._calls_in_pieces(module, callee)
+            if found is not None:
+                return found
             tree = self.tree(module)
             return tree is not None and recognition.calls_name(tree, callee)
 
         return self._answer(module, question("module_calls", module, callee), work)
+
+    def _calls_in_pieces(self, module: str, callee: str) -> bool | None:
+        """From each logical line that names ``callee``; None: unsure."""
+        outline = self._searchable(module)
+        if outline is None:
+            return None
+        seen: set[int] = set()
+        for offset in outline.occurrences(callee):
+            span = outline.statement_at(offset)
+            if span.first in seen:
+                continue
+            seen.add(span.first)
+            nodes = self._clause(outline, module, span)
+            if nodes is None:
+                return None
+            if any(recognition.calls_name(node, callee) for node in nodes):
+                return True
+        return False
+
+
+#: A piece the outline could not place: the whole module is parsed instead.
+_UNSURE = object()
 
 
 @dataclass

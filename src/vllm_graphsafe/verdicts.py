@@ -1,9 +1,11 @@
 """Each patch's verdict on this vLLM, kept between processes.
 
-Judging a patch parses vLLM's source (hundreds of milliseconds for the model
-runner), and every vLLM process would judge it again at start-up. A verdict is
-what the source alone decides: whether the anchor module exists, the native
-reason, what a hook point lacks, and which modules the hooks bind. It is kept
+Judging a patch parses the pieces of vLLM's source its questions are about
+(tens of milliseconds for all patches; the whole model runner alone would take
+a hundred or more), and every vLLM process would judge it again at start-up. A
+verdict is what the source alone decides: whether the anchor module exists, the
+native reason, what a hook point lacks, and which modules the hooks bind, with
+the yes/no answers the hooks ask again when they bind. It is kept
 with the identity of every module file it read (its path and the SHA-256 of its
 bytes; a module found missing is recorded as missing) and of this package's own
 rules, and it is used only while all of them still match: an in-place vLLM
@@ -46,6 +48,7 @@ _FORMAT = 1
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
 #: The package's files whose code decides a verdict.
 _RULE_FILES = (
+    "outline.py",
     "recognition.py",
     "registry.py",
     "sources.py",

@@ -1,7 +1,8 @@
 """Per-process dispatch decision counters, readable from outside the process.
 
-Each process counts its decisions in memory: ``count(event)`` is one dictionary
-increment, nothing more, until a directory is configured. From then on each
+Each process counts its decisions in memory: ``count(event)`` is one cell's
+increment (a dictionary lookup and a list store), nothing more, until a
+directory is configured. From then on each
 count is also stored in the process's counts page there (one memory write into
 a shared file mapping, see :mod:`vllm_graphsafe.counts.page`), which outlives
 even SIGKILL, and the process's record is written there by a thread (see
@@ -25,10 +26,17 @@ from vllm_graphsafe.counts.page import CountsPage, link_page, remove_page
 from vllm_graphsafe.counts.records import process_record, write_record
 from vllm_graphsafe.counts.writer import RecordWriter, install_exit_hooks
 
+#: A cell's slot before any page holds its name, and where none has room.
+UNASSIGNED = -1
+NO_ROOM = -2
+
 
 class DispatchStats:
     def __init__(self) -> None:
-        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        #: Per patch, per event, one cell: ``[count, slot in the pages]`` (slot
+        #: ``UNASSIGNED`` until a page holds the name, ``NO_ROOM`` where none can).
+        #: A count reads one cell, and stores into the first page directly.
+        self._cells: dict[str, dict[str, list[int]]] = defaultdict(dict)
         #: Returns this process's patch states, written beside the counters.
         self.describe_patches: Callable[[], dict[str, str]] = dict
         #: Returns the ids of the patches whose wrappers are in place here.
@@ -39,11 +47,14 @@ class DispatchStats:
         self._last_written: dict[Path, bytes] = {}
         self._exit_hooks_installed = False
         self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
-        #: These three are mutated in place only: counters handed out hold them.
+        #: These are mutated in place only: counters handed out hold them.
         self._pages: list[CountsPage] = []
         self._page_in: dict[Path, CountsPage] = {}
         #: Each page's counts, as 8-byte integers by slot.
         self._page_values: list[memoryview] = []
+        #: The first page's counts (None: no page), and the other pages'.
+        self._first_values: list[memoryview | None] = [None]
+        self._more_values: list[memoryview] = []
         #: Each event's slot in every page, by patch; -1 where the pages are full.
         self._slots: dict[str, dict[str, int]] = defaultdict(dict)
         self._page_lock = threading.Lock()
@@ -53,30 +64,54 @@ class DispatchStats:
             functools.partial(self.flush, only_if_changed=True), self.total
         )
 
-    # -- the per-step path: a dictionary increment, and a store into the page --
+    # -- the per-step path: one cell's increment, and a store into the page -----
 
     def count(self, patch_id: str, event: str) -> None:
         self.counter(patch_id)(event)
 
     def counter(self, patch_id: str) -> Callable[[str], None]:
         """``count`` bound to one patch, for the per-step path."""
-        events = self.counts[patch_id]
-        page_values = self._page_values
-        slots = self._slots[patch_id]
-        add_slot = self._add_slot
+        cells = self._cells[patch_id]
+        first_values = self._first_values
+        more_values = self._more_values
+        new_cell = functools.partial(self._new_cell, patch_id)
+        page_slot = functools.partial(self._page_slot, patch_id)
 
         def count(event: str) -> None:
-            value = events[event] + 1
-            events[event] = value
-            if page_values:
-                slot = slots.get(event)
-                if slot is None:
-                    slot = add_slot(patch_id, event)
-                if slot >= 0:
-                    for values in page_values:
-                        values[slot] = value
+            try:
+                cell = cells[event]
+            except KeyError:
+                cell = new_cell(event)
+            value = cell[0] + 1
+            cell[0] = value
+            values = first_values[0]
+            if values is not None:
+                slot = cell[1]
+                if slot < 0:
+                    slot = page_slot(event, cell)
+                    if slot < 0:
+                        return
+                values[slot] = value
+                if more_values:
+                    for other in more_values:
+                        other[slot] = value
 
         return count
+
+    def _new_cell(self, patch_id: str, event: str) -> list[int]:
+        cells = self._cells[patch_id]
+        with self._page_lock:
+            cell = cells.get(event)
+            if cell is None:
+                cell = [0, self._slots[patch_id].get(event, UNASSIGNED)]
+                cells[event] = cell
+            return cell
+
+    def _page_slot(self, patch_id: str, event: str, cell: list[int]) -> int:
+        """The name's slot in the pages (``NO_ROOM``: none), assigned now."""
+        if cell[1] == UNASSIGNED:
+            cell[1] = self._add_slot(patch_id, event)
+        return cell[1]
 
     def _add_slot(self, patch_id: str, event: str) -> int:
         with self._page_lock:
@@ -84,35 +119,49 @@ class DispatchStats:
             if slot is None:
                 added = {page.add_slot(patch_id, event) for page in self._pages}
                 slot = added.pop() if len(added) == 1 else None
-                slot = -1 if slot is None else slot
+                slot = NO_ROOM if slot is None else slot
                 self._slots[patch_id][event] = slot
             return slot
 
     def _store_all(self) -> None:
         """Put every in-memory count into every page."""
-        for patch_id, events in list(self.counts.items()):
-            for event, value in list(events.items()):
-                slot = self._slots[patch_id].get(event)
-                if slot is None:
-                    slot = self._add_slot(patch_id, event)
+        for patch_id, cells in list(self._cells.items()):
+            for event, cell in list(cells.items()):
+                slot = self._page_slot(patch_id, event, cell)
                 if slot >= 0:
                     for values in self._page_values:
-                        values[slot] = value
+                        values[slot] = cell[0]
+
+    def _link_values(self) -> None:
+        """Point the per-step path at the pages as they are now."""
+        self._more_values[:] = self._page_values[1:]
+        self._first_values[0] = self._page_values[0] if self._page_values else None
 
     # -- everything else ------------------------------------------------------
 
+    @property
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Every count made since the last reset, by patch and event."""
+        return self.snapshot()
+
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {
-            patch: dict(events) for patch, events in list(self.counts.items()) if events
+            patch: {event: cell[0] for event, cell in list(cells.items())}
+            for patch, cells in list(self._cells.items())
+            if cells
         }
 
     def total(self) -> int:
-        return sum(sum(events.values()) for events in list(self.counts.values()))
+        return sum(
+            cell[0]
+            for cells in list(self._cells.values())
+            for cell in list(cells.values())
+        )
 
     def reset(self) -> None:
         # Counters handed out by counter() keep their dictionaries.
-        for events in self.counts.values():
-            events.clear()
+        for cells in self._cells.values():
+            cells.clear()
         for slots in self._slots.values():
             for slot in slots.values():
                 if slot >= 0:
@@ -168,6 +217,8 @@ class DispatchStats:
             self._page_values.append(page.values)
             self._page_in[directory] = page
         self._store_all()
+        with self._page_lock:
+            self._link_values()
 
     def _drop_page(self, directory: Path) -> None:
         """Stop storing into ``directory``'s page and remove it.
@@ -182,6 +233,7 @@ class DispatchStats:
             if page not in self._page_in.values():  # no other name for it
                 self._pages.remove(page)
                 self._page_values.remove(page.values)
+                self._link_values()
         remove_page(directory, os.getpid())
 
     def record(self) -> dict[str, Any]:
@@ -232,6 +284,7 @@ class DispatchStats:
         self._exit_hooks_installed = False
         # The parent's mappings are shared: unmap them here, never store into them.
         self._page_values.clear()
+        self._link_values()
         for page in self._pages:
             with contextlib.suppress(BufferError, ValueError):
                 page.close()
@@ -240,8 +293,8 @@ class DispatchStats:
         for slots in self._slots.values():
             slots.clear()
         self._page_lock = threading.Lock()
-        for events in self.counts.values():
-            events.clear()
+        for cells in self._cells.values():
+            cells.clear()
 
 
 def _ignore_write_error(directory: Path, error: OSError) -> None:

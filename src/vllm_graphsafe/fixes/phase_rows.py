@@ -16,7 +16,9 @@ but its last prompt token computed to ``1 + K`` tokens with placeholder drafts
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Iterable, Mapping
+from collections.abc import Collection, Container, Hashable, Iterable, Mapping
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +72,57 @@ class RowPrefix:
         return rows
 
 
+class PrefillColumns:
+    """A request-state table's computed-prefill and prefill-length columns,
+    for Model Runner V2's per-step question: is a scheduled request still in
+    prefill?
+
+    The answer is read through the scheduled request ids (each one's row in
+    ``row_of``), but only where some row of the table is in prefill at all:
+    in steady decoding no row is, which the columns say by holding the same
+    bytes (a decoding row has computed exactly its prefill), or else by one
+    vectorised comparison.
+    """
+
+    __slots__ = ("_computed", "_in_prefill", "_prefill_len", "_same_layout")
+
+    def __init__(self, computed: np.ndarray, prefill_len: np.ndarray) -> None:
+        """Two columns of one shape (``ValueError`` otherwise)."""
+        if computed.shape != prefill_len.shape:
+            raise ValueError(
+                f"columns of {computed.shape} and {prefill_len.shape} rows"
+            )
+        self._computed = computed
+        self._prefill_len = prefill_len
+        #: Equal bytes mean equal values (one integer type, one shape).
+        self._same_layout = (
+            computed.dtype == prefill_len.dtype and computed.dtype.kind in "iu"
+        )
+        self._in_prefill = np.empty(computed.shape, bool)
+
+    def scheduled_in_prefill(
+        self, row_of: Mapping[Any, int], scheduled: Collection[Any]
+    ) -> bool:
+        """Whether a request of ``scheduled`` has a row still in prefill (as
+        the columns are now). A scheduled request without a row raises
+        ``KeyError`` wherever the table has a row in prefill."""
+        computed, prefill_len = self._computed, self._prefill_len
+        if self._same_layout and computed.tobytes() == prefill_len.tobytes():
+            return False
+        in_prefill = _less(computed, prefill_len, self._in_prefill)
+        if not _count_nonzero(in_prefill):
+            return False
+        count = len(scheduled)
+        if count > 1:
+            found: Any = itemgetter(*scheduled)(row_of)
+        elif count:
+            found = (row_of[next(iter(scheduled))],)
+        else:
+            return False
+        rows = np.fromiter(found, dtype=np.intp, count=count)
+        return bool(_count_nonzero(in_prefill[rows]))
+
+
 def rows_are_speculative_decodes(
     decode_draft_counts: np.ndarray, num_rows: int, num_drafts: int
 ) -> bool:
@@ -80,17 +133,74 @@ def rows_are_speculative_decodes(
     exactly one token plus its drafts, negative for a prefill chunk (a prompt
     chunk, or output tokens re-computed after preemption, which carry no
     drafts).
+
+    Per step this compares the rows' bytes with those of ``num_drafts``
+    repeated (an integer column has one byte pattern per value); the view and
+    that pattern are made again only when the column, the row count or the
+    value changes.
     """
-    counts = decode_draft_counts[:num_rows]
-    return len(counts) == num_rows and not _count_nonzero(counts != num_drafts)
+    column, rows, value, view, expected = _last_uniform_check[0]
+    if column is not decode_draft_counts or rows != num_rows or value != num_drafts:
+        view, expected = _uniform_prefix(decode_draft_counts, num_rows, num_drafts)
+        _last_uniform_check[0] = (
+            decode_draft_counts,
+            num_rows,
+            num_drafts,
+            view,
+            expected,
+        )
+    if expected is not None:
+        same: bool = view.tobytes() == expected
+        return same
+    if view is None:
+        return False
+    return not _count_nonzero(view != num_drafts)
+
+
+#: The column, row count and value last checked, the view of those rows, and the
+#: bytes of the value repeated over them (None where the bytes cannot say it).
+#: One tuple, replaced whole, so a thread never sees half of an update. A
+#: per-step caller may compare against it before calling (saving a call).
+UniformCheck = tuple[Any, int, int, Any, "bytes | None"]
+LAST_UNIFORM_CHECK: list[UniformCheck] = [(None, -1, 0, None, None)]
+_last_uniform_check = LAST_UNIFORM_CHECK
+
+
+def _uniform_prefix(column: Any, num_rows: int, value: int) -> tuple[Any, bytes | None]:
+    """The view of the first ``num_rows`` rows (None: the column has fewer), and
+    the bytes those rows hold when each equals ``value`` (None: compare values)."""
+    view = column[:num_rows]
+    if len(view) != num_rows:
+        return None, None
+    if not isinstance(view, np.ndarray) or view.dtype.kind not in "iu":
+        return view, None
+    limits = np.iinfo(view.dtype)
+    if not (isinstance(value, int | np.integer) and limits.min <= value <= limits.max):
+        return view, None
+    return view, np.full(num_rows, value, dtype=view.dtype).tobytes()
 
 
 def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
     """Without speculation: whether each of the first ``num_rows`` rows had
     computed a token before this step (one new token over prior state is a
     decode to the builders, the last token of a chunked prompt included)."""
-    rows = computed[:num_rows]
-    return len(rows) == num_rows and bool(rows.all())
+    column, rows, view = _last_prior_state_check[0]
+    if column is not computed or rows != num_rows:
+        view = computed[:num_rows]
+        if len(view) != num_rows:
+            view = None
+        _last_prior_state_check[0] = (computed, num_rows, view)
+    if view is None:
+        return False
+    if isinstance(view, np.ndarray):
+        # Every row nonzero, counted without a ufunc reduction.
+        return bool(_count_nonzero(view) == num_rows)
+    return bool(view.all())
+
+
+#: The column and row count last checked, and the view of those rows (None:
+#: the column has fewer); replaced whole, as ``_last_uniform_check``.
+_last_prior_state_check: list[tuple[Any, int, Any]] = [(None, -1, None)]
 
 
 def any_row_scheduled(

@@ -38,6 +38,7 @@ from vllm_graphsafe.fixes.phase_events import (
     NON_UNIFORM,
     UNIFORM_DECODE,
 )
+from vllm_graphsafe.fixes.phase_rows import PrefillColumns
 from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.registry import (
     HookPoint,
@@ -188,6 +189,15 @@ def _host(values: Any) -> np.ndarray:
     return values.np if hasattr(values, "np") else np.asarray(values)
 
 
+def _kept_host(values: Any) -> np.ndarray | None:
+    """The column's own host array, the same object on every step (a numpy
+    column, or a UVA buffer's ``.np``); None where each read may copy."""
+    if isinstance(values, np.ndarray):
+        return values
+    host = getattr(values, "np", None)
+    return host if isinstance(host, np.ndarray) else None
+
+
 InPrefill = Callable[[Any, Any], bool]
 _any = np.any
 
@@ -197,17 +207,45 @@ def target_phase_reader() -> InPrefill:
 
     Each scheduled request's row is found by its id (``req_id_to_index``) and
     its two phase columns compared there: the request state upstream's fix
-    and forks' tests build, and nothing else of it, is read.
+    and forks' tests build, and nothing else of it, is read. The ids are
+    looked up only where some row of the table is in prefill
+    (:class:`PrefillColumns`); the columns' host arrays are taken once, and
+    again when the runner holds other column objects.
     """
+    # (computed column, prefill_len column, PrefillColumns over their host
+    # arrays or None), replaced whole.
+    kept: list[tuple[Any, Any, PrefillColumns | None]] = [(None, None, None)]
 
     def scheduled_request_in_prefill(runner: Any, scheduler_output: Any) -> bool:
         req_states = runner.req_states
+        row_of = req_states.req_id_to_index
+        computed = req_states.num_computed_prefill_tokens
+        prefill_len = req_states.prefill_len
         scheduled = scheduler_output.num_scheduled_tokens
-        rows = _rows_of(req_states.req_id_to_index, scheduled)
-        computed = _host(req_states.num_computed_prefill_tokens)[rows]
-        return bool(_any(computed < _host(req_states.prefill_len)[rows]))
+        kept_computed, kept_prefill_len, columns = kept[0]
+        if kept_computed is not computed or kept_prefill_len is not prefill_len:
+            columns = _prefill_columns(computed, prefill_len)
+            kept[0] = (computed, prefill_len, columns)
+        if columns is not None:
+            return columns.scheduled_in_prefill(row_of, scheduled)
+        rows = _rows_of(row_of, scheduled)
+        return bool(_any(_host(computed)[rows] < _host(prefill_len)[rows]))
 
     return scheduled_request_in_prefill
+
+
+def _prefill_columns(computed: Any, prefill_len: Any) -> PrefillColumns | None:
+    """The two columns' kept host arrays, where both are one-dimensional
+    arrays of one length; None: read them through ``_host`` on each step."""
+    host_computed, host_prefill_len = _kept_host(computed), _kept_host(prefill_len)
+    if (
+        host_computed is None
+        or host_prefill_len is None
+        or host_computed.ndim != 1
+        or host_computed.shape != host_prefill_len.shape
+    ):
+        return None
+    return PrefillColumns(host_computed, host_prefill_len)
 
 
 def _rows_of(req_id_to_index: Any, req_ids: Any) -> np.ndarray:
@@ -312,10 +350,7 @@ def batch_lacks_phase_column(sources: SourceReader) -> bool:
     """The 0.20 layout: no phase column in the input batch, but vLLM's own
     pre-step question in ``prepare_inputs``. Any other layout is read as one
     whose batch carries the column (and fails naming it when it does not)."""
-    batch = sources.class_node(INPUT_BATCH_MODULE, "InputBatch")
-    if batch is not None and recognition.class_sets_attribute(
-        batch, BATCH_PHASE_COLUMN
-    ):
+    if sources.sets_attribute(INPUT_BATCH_MODULE, "InputBatch", BATCH_PHASE_COLUMN):
         return False
     return sources.calls(RUNNER_MODULE, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
 

@@ -20,6 +20,7 @@ from vllm_graphsafe.fixes.phase_events import (
     UNIFORM_DECODE,
 )
 from vllm_graphsafe.fixes.phase_rows import (
+    LAST_UNIFORM_CHECK,
     rows_are_speculative_decodes,
     rows_have_prior_state,
 )
@@ -215,9 +216,20 @@ class PhaseAwareShapeRule:
 def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
     """Whether the runner's builders see each of the first rows as a decode."""
     if decode_query_len > 1:
-        return rows_are_speculative_decodes(
-            runner.num_decode_draft_tokens.np, num_reqs, decode_query_len - 1
-        )
+        column = runner.num_decode_draft_tokens.np
+        # rows_are_speculative_decodes' own first test, inlined: in steady
+        # decoding the column, row count and value repeat, and the rows' bytes
+        # answer (the call would cost about a tenth of the step's budget).
+        kept, rows, value, view, expected = LAST_UNIFORM_CHECK[0]
+        if (
+            kept is column
+            and rows == num_reqs
+            and value == decode_query_len - 1
+            and expected is not None
+        ):
+            same: bool = view.tobytes() == expected
+            return same
+        return rows_are_speculative_decodes(column, num_reqs, decode_query_len - 1)
     return rows_have_prior_state(runner.input_batch.num_computed_tokens_cpu, num_reqs)
 
 

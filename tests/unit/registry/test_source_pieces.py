@@ -1,0 +1,283 @@
+"""Questions answered from the statements they are about give the whole parse's answers.
+
+Each module text below hides a trap for a reader that would find statements
+by text alone (a ``def`` inside a string, a closing bracket at column 0, a
+decorator over two lines, ...). The oracle is :mod:`ast` on the whole text,
+with :mod:`vllm_graphsafe.recognition` applied to it; the reader under test
+parses only pieces, and the tests also check that it did (or, for text the
+outline must refuse, that it parsed the module whole).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.outline import Outline, OutlineError
+from vllm_graphsafe.sources import SourceReader
+
+MODULE = "stand_in.sample"
+
+TRICKY = '''\
+"""Module docstring naming def helper(): and class Runner: in prose."""
+import os
+from typing import (
+    Any,
+)
+from pkg import (a, b as renamed,
+)
+
+LIMIT: int = 4
+helper_alias = other = None
+
+
+def helper(x: int = len("def fake(): pass")) -> int:
+    """A docstring with
+def not_a_function():
+    pass
+at column 0."""
+    return os.getpid() + compute(x)
+
+
+@decorate(
+    "arg",
+)
+@other.decorator
+def decorated(a,
+              b):  # a comment with 'quotes" and # hashes
+    return a \\
+        + b
+
+
+class Runner(Base,
+             metaclass=Meta):
+    """The runner."""
+
+    field: int
+    named = value = 3
+    listed: list[int] = [
+1, 2,
+]
+    text = """
+    def fake_method(self):
+        self.fake = 1
+"""
+
+    def __init__(self) -> None:
+        self.built = make()
+        self.left, self.right = 1, 2
+        (self).wrapped = 0
+        self.counter += 1
+        self.typed: int = 5
+        for self.looped in range(3):
+            pass
+        if self.built: self.inline = 1
+        else: self.elsewhere = 2
+        try: self.tried = 1
+        except ValueError: self.caught = 2
+        print(f"{self.formatted}")
+        self.mentioned.append(1)
+
+    @property
+    def prop(self) -> int:
+        return self.field
+
+    async def later(self):
+        async with self.lock:
+            self.locked = call_inside()
+
+    def compute(self, x):
+        def inner():
+            self.nested = x
+        return inner
+
+    class Inner:
+        def method(self):
+            self.inner_set = 1
+
+
+class Runner:  # a second class of the same name: never the one found
+    def compute(self):
+        self.second = 1
+
+
+class OneLine: attr = 1
+
+
+def compute(x):
+    return x
+
+
+if TYPE_CHECKING:
+    guarded = 1
+else:
+    from pkg import guarded_import
+'''
+
+
+def reader_for(tmp_path: Path, text: str) -> SourceReader:
+    file = tmp_path / Path(*MODULE.split(".")).with_suffix(".py")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    (file.parent / "__init__.py").write_text("")
+    file.write_text(text)
+    return SourceReader(root=tmp_path)
+
+
+def names_in(tree: ast.Module) -> list[str]:
+    found = {"absent_everywhere", "self"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.alias):
+            found.add(node.asname or node.name)
+    return sorted(found)
+
+
+def qualnames_in(tree: ast.Module) -> list[str]:
+    found = ["absent", "Runner.absent", "Absent.method"]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append(node.name)
+        elif isinstance(node, ast.ClassDef):
+            found.append(node.name)
+            found += [
+                f"{node.name}.{child.name}"
+                for child in node.body
+                if isinstance(
+                    child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+                )
+            ]
+    return found
+
+
+def assert_same_as_the_whole_parse(reader: SourceReader, text: str) -> None:
+    tree = ast.parse(text)
+    for qualname in qualnames_in(tree):
+        piece = reader.function_node(MODULE, qualname)
+        whole = recognition.find_function(tree, qualname)
+        assert (piece is None) == (whole is None), qualname
+        if piece is not None and whole is not None:
+            assert ast.dump(piece, include_attributes=True) == ast.dump(
+                whole, include_attributes=True
+            ), qualname
+            assert reader.function(MODULE, qualname) == "".join(
+                text.splitlines(keepends=True)[whole.lineno - 1 : whole.end_lineno]
+            )
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)] + ["Absent"]
+    for name in names_in(tree):
+        assert reader.module_calls(MODULE, name) == recognition.calls_name(
+            tree, name
+        ), name
+        if "." not in name:
+            assert reader.defines(MODULE, name) == recognition.module_binds(
+                tree, name
+            ), name
+        for owner in classes:
+            cls = recognition.find_class(tree, owner)
+            expected = cls is not None and recognition.class_sets_attribute(cls, name)
+            assert reader.sets_attribute(MODULE, owner, name) == expected, (owner, name)
+    for owner in classes:
+        whole_class = recognition.find_class(tree, owner)
+        assert reader.has_class(MODULE, owner) == (whole_class is not None)
+        piece_class = reader.class_node(MODULE, owner)
+        assert (piece_class is None) == (whole_class is None)
+        if piece_class is not None and whole_class is not None:
+            assert ast.dump(piece_class, include_attributes=True) == ast.dump(
+                whole_class, include_attributes=True
+            )
+
+
+def test_tricky_text_is_answered_from_pieces_as_the_whole_parse_answers(
+    tmp_path: Path,
+) -> None:
+    reader = reader_for(tmp_path, TRICKY)
+    assert_same_as_the_whole_parse(reader, TRICKY)
+    assert reader._trees == {}, "the module was parsed whole"
+    assert reader.pieces_parsed[MODULE] > 0
+
+
+def test_a_method_of_a_nested_class_is_found_by_the_whole_parse(
+    tmp_path: Path,
+) -> None:
+    reader = reader_for(tmp_path, TRICKY)
+    found = reader.function_node(MODULE, "Runner.Inner.method")
+    whole = recognition.find_function(ast.parse(TRICKY), "Runner.Inner.method")
+    assert found is not None and whole is not None
+    assert ast.dump(found, include_attributes=True) == ast.dump(
+        whole, include_attributes=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        (("sets_attribute", "Runner", "built"), True),
+        (("sets_attribute", "Runner", "right"), True),
+        (("sets_attribute", "Runner", "wrapped"), True),
+        (("sets_attribute", "Runner", "counter"), True),
+        (("sets_attribute", "Runner", "elsewhere"), True),
+        (("sets_attribute", "Runner", "caught"), True),
+        (("sets_attribute", "Runner", "inner_set"), True),
+        (("sets_attribute", "Runner", "listed"), True),
+        (("sets_attribute", "Runner", "value"), True),
+        (("sets_attribute", "Runner", "prop"), True),
+        (("sets_attribute", "Runner", "looped"), False),  # a loop target
+        (("sets_attribute", "Runner", "fake"), False),  # inside a string
+        (("sets_attribute", "Runner", "formatted"), False),  # read in an f-string
+        (("sets_attribute", "Runner", "second"), False),  # the other Runner
+        (("sets_attribute", "OneLine", "attr"), True),
+        (("module_calls", "call_inside"), True),
+        (("module_calls", "fake"), False),
+        (("defines", "renamed"), True),
+        (("defines", "guarded"), False),  # nested in an if
+        (("defines", "not_a_function"), False),
+    ],
+)
+def test_answers_of_the_traps(
+    tmp_path: Path, question: tuple[str, ...], expected: bool
+) -> None:
+    reader = reader_for(tmp_path, TRICKY)
+    kind, *names = question
+    assert getattr(reader, kind)(MODULE, *names) is expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        TRICKY.replace("    def compute(self, x):", "\tdef compute(self, x):"),
+        TRICKY.replace("\n", "\r\n"),
+    ],
+    ids=["tab-indented", "carriage-returns"],
+)
+def test_text_the_outline_cannot_place_is_parsed_whole(
+    tmp_path: Path, text: str
+) -> None:
+    with pytest.raises(OutlineError):
+        Outline(text)
+    reader = reader_for(tmp_path, text)
+    reader.function_node(MODULE, "Runner.prop")
+    assert list(reader._trees) == [MODULE], "the whole module was not parsed"
+
+
+def test_identifiers_spelled_beyond_ascii_are_found_by_the_whole_parse(
+    tmp_path: Path,
+) -> None:
+    """Python reads a fullwidth ``c`` in ``compute`` as an ASCII one: a search
+    for the word would miss the call, so the reader parses the module whole."""
+    text = "def caller():\n    return \uff43ompute(1)\n"
+    reader = reader_for(tmp_path, text)
+    assert reader.module_calls(MODULE, "compute") is True
+    assert list(reader._trees) == [MODULE]
+
+
+def test_a_module_that_does_not_parse_answers_nothing(tmp_path: Path) -> None:
+    reader = reader_for(tmp_path, 'def f():\n    return "unterminated\n')
+    assert reader.function_node(MODULE, "f") is None
+    assert reader.defines(MODULE, "f") is False
