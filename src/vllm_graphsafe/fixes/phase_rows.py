@@ -134,50 +134,54 @@ def rows_are_speculative_decodes(
     chunk, or output tokens re-computed after preemption, which carry no
     drafts).
 
-    Per step this compares the rows' bytes with those of ``num_drafts``
-    repeated (an integer column has one byte pattern per value); the view and
-    that pattern are made again only when the column, the row count or the
-    value changes.
+    Per step this copies the rows' bytes into a kept buffer and compares them
+    with those of ``num_drafts`` repeated (an integer column has one byte
+    pattern per value); the view, the buffer and the pattern are made again
+    only when the column, the row count or the value changes.
     """
-    column, rows, value, view, expected = _last_uniform_check[0]
+    column, rows, value, view, expected, source, copied, target = _last_uniform_check[0]
     if column is not decode_draft_counts or rows != num_rows or value != num_drafts:
-        view, expected = _uniform_prefix(decode_draft_counts, num_rows, num_drafts)
-        _last_uniform_check[0] = (
-            decode_draft_counts,
-            num_rows,
-            num_drafts,
-            view,
-            expected,
-        )
+        check = _uniform_check(decode_draft_counts, num_rows, num_drafts)
+        _last_uniform_check[0] = check
+        column, rows, value, view, expected, source, copied, target = check
+    if source is not None:
+        target[:] = source
+        same: bool = copied == expected
+        return same
     if expected is not None:
-        same: bool = view.tobytes() == expected
+        same = view.tobytes() == expected
         return same
     if view is None:
         return False
     return not _count_nonzero(view != num_drafts)
 
 
-#: The column, row count and value last checked, the view of those rows, and the
-#: bytes of the value repeated over them (None where the bytes cannot say it).
-#: One tuple, replaced whole, so a thread never sees half of an update. A
-#: per-step caller may compare against it before calling (saving a call).
-UniformCheck = tuple[Any, int, int, Any, "bytes | None"]
-LAST_UNIFORM_CHECK: list[UniformCheck] = [(None, -1, 0, None, None)]
+#: The column, row count and value last checked; the view of those rows; the
+#: bytes of the value repeated over them (None where bytes cannot say it); and
+#: the rows as bytes (None: not contiguous), with the buffer they are copied to
+#: and its view. One tuple, replaced whole, so a thread never sees half of an
+#: update. A per-step caller may compare against it before calling.
+UniformCheck = tuple[Any, int, int, Any, Any, Any, Any, Any]
+LAST_UNIFORM_CHECK: list[UniformCheck] = [(None, -1, 0, None, None, None, None, None)]
 _last_uniform_check = LAST_UNIFORM_CHECK
 
 
-def _uniform_prefix(column: Any, num_rows: int, value: int) -> tuple[Any, bytes | None]:
-    """The view of the first ``num_rows`` rows (None: the column has fewer), and
-    the bytes those rows hold when each equals ``value`` (None: compare values)."""
+def _uniform_check(column: Any, num_rows: int, value: int) -> UniformCheck:
+    """What :func:`rows_are_speculative_decodes` keeps for these three."""
     view = column[:num_rows]
     if len(view) != num_rows:
-        return None, None
+        return (column, num_rows, value, None, None, None, None, None)
     if not isinstance(view, np.ndarray) or view.dtype.kind not in "iu":
-        return view, None
+        return (column, num_rows, value, view, None, None, None, None)
     limits = np.iinfo(view.dtype)
     if not (isinstance(value, int | np.integer) and limits.min <= value <= limits.max):
-        return view, None
-    return view, np.full(num_rows, value, dtype=view.dtype).tobytes()
+        return (column, num_rows, value, view, None, None, None, None)
+    expected = np.full(num_rows, value, dtype=view.dtype).tobytes()
+    if not view.flags.c_contiguous:
+        return (column, num_rows, value, view, expected, None, None, None)
+    copied = bytearray(len(expected))
+    source = view.data.cast("B")
+    return (column, num_rows, value, view, expected, source, copied, memoryview(copied))
 
 
 def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:

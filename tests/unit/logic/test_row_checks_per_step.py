@@ -86,6 +86,15 @@ def test_draft_counts_the_bytes_cannot_say_are_compared_by_value(
     assert rows_are_speculative_decodes(column, 6, num_drafts) is expected
 
 
+def test_a_strided_draft_column_follows_its_rows() -> None:
+    backing = np.full(32, 3, dtype=np.int32)
+    column = backing[::2]  # every other row: not contiguous
+    for step in range(6):
+        backing[2 * step] = -1 if step % 2 else 3
+        expected = speculative_oracle(column.tolist(), 16, 3)
+        assert rows_are_speculative_decodes(column, 16, 3) is expected
+
+
 def test_a_changed_draft_count_is_a_new_question() -> None:
     column = np.full(8, 2, dtype=np.int32)
     assert rows_are_speculative_decodes(column, 8, 2)

@@ -195,11 +195,12 @@ class PhaseAwareShapeRule:
                 if not uniform:
                     count(NON_UNIFORM)
                     return uniform
-                if early[0] is None:
-                    early[0] = classifies_before_state_update(runner)
+                classifies_early = early[0]
+                if classifies_early is None:
+                    classifies_early = early[0] = classifies_before_state_update(runner)
                 if (
                     step_rule(runner, uniform_decode_query_len)
-                    if early[0] and step_rule is not None
+                    if classifies_early and step_rule is not None
                     else rows_are_decodes(runner, num_reqs, uniform_decode_query_len)
                 ):
                     count(UNIFORM_DECODE)
@@ -220,14 +221,15 @@ def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
         # rows_are_speculative_decodes' own first test, inlined: in steady
         # decoding the column, row count and value repeat, and the rows' bytes
         # answer (the call would cost about a tenth of the step's budget).
-        kept, rows, value, view, expected = LAST_UNIFORM_CHECK[0]
+        kept, rows, value, _, expected, source, copied, target = LAST_UNIFORM_CHECK[0]
         if (
             kept is column
             and rows == num_reqs
             and value == decode_query_len - 1
-            and expected is not None
+            and source is not None
         ):
-            same: bool = view.tobytes() == expected
+            target[:] = source
+            same: bool = copied == expected
             return same
         return rows_are_speculative_decodes(column, num_reqs, decode_query_len - 1)
     return rows_have_prior_state(runner.input_batch.num_computed_tokens_cpu, num_reqs)
