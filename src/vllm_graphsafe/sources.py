@@ -91,6 +91,13 @@ class SourceReader:
             recording.answers[question] = self._answers[question]
         return self._answers[question]
 
+    def kept_answer(
+        self, module: str, kind: str, names: tuple[str, ...], work: Callable[[], bool]
+    ) -> bool:
+        """A yes/no question of a fix's own about ``module``'s code, answered by
+        ``work`` once and kept with the verdicts like the built-in questions."""
+        return self._answer(module, question(kind, module, *names), work)
+
     def tree(self, module: str) -> ast.Module | None:
         """The whole module, parsed (the outline's questions avoid this)."""
         if module not in self._trees:

@@ -68,9 +68,18 @@ def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamesp
     return SimpleNamespace(
         num_computed_tokens_cpu=computed,
         num_prompt_tokens=prompt,
+        spec_token_ids=scheduled_drafts([*rows, *stale_rows]),
         num_reqs=len(rows),
         lora_id_to_lora_request={},
     )
+
+
+def scheduled_drafts(rows: Sequence[Row]) -> list[list[int]]:
+    """The input batch's ``spec_token_ids``: each row's drafts this step."""
+    lists: list[list[int]] = [[] for _ in range(MAX_ROWS)]
+    for index, row in enumerate(rows):
+        lists[index] = [0] * (row.drafts or 0)
+    return lists
 
 
 def decode_draft_buffer(
@@ -83,13 +92,22 @@ def decode_draft_buffer(
     return SimpleNamespace(np=counts)
 
 
-def write_step(runner: Any, rows: list[Row]) -> None:
-    """Rewrite the runner's columns in place for a new step over ``rows``."""
+def write_step(
+    runner: Any, rows: list[Row], *, counts_drafts_without_drafts: bool = True
+) -> None:
+    """Rewrite the runner's columns in place for a new step over ``rows``.
+
+    ``counts_drafts_without_drafts=False``: as vLLM 0.20-0.31's
+    ``_prepare_inputs``, which rewrites the draft counts only on a step that
+    scheduled drafts (the column keeps the last such step's counts otherwise).
+    """
     batch = runner.input_batch
     for index, row in enumerate(rows):
         batch.num_computed_tokens_cpu[index] = row.computed
         batch.num_prompt_tokens[index] = row.prompt
-    runner.num_decode_draft_tokens.np[:] = decode_draft_buffer(rows).np
+    batch.spec_token_ids[:] = scheduled_drafts(rows)
+    if counts_drafts_without_drafts or any(row.drafts for row in rows):
+        runner.num_decode_draft_tokens.np[:] = decode_draft_buffer(rows).np
 
 
 def make_runner(

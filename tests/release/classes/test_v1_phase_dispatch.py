@@ -12,6 +12,7 @@ fails; with the rule replaced by the prompt-length predicate
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -260,6 +261,36 @@ def test_consecutive_steps_read_the_batch_as_it_is_now(spec_tokens: int) -> None
     assert record.uniform_decode == expected
 
 
+def release_counts_drafts_only_on_drafting_steps() -> bool:
+    """Whether this release's ``_prepare_inputs`` decides to count the rows'
+    drafts from the step's scheduled drafts (0.20-0.31), read from its source."""
+    runner_class = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
+    source = inspect.getsource(runner_class._prepare_inputs)
+    return "len(scheduler_output.scheduled_spec_decode_tokens)" in source
+
+
+@pytest.mark.regression(PATCH_ID)
+@pytest.mark.parametrize("spec_tokens", [1, 3, 7])
+def test_a_step_without_drafts_is_not_read_from_the_last_drafting_step(
+    spec_tokens: int,
+) -> None:
+    """A decode step, then a step that schedules no drafts at all (a K+1-token
+    prompt left by a prefix-cache hit, alone): on releases whose
+    ``_prepare_inputs`` leaves the draft counts of the decode step in place,
+    the prompt step must still leave the decode graph."""
+    q = spec_tokens + 1
+    counts_every_step = not release_counts_drafts_only_on_drafting_steps()
+    decodes = [decoding(40, 50 + i, q) for i in range(2)]
+    prompts = [Row(prompt=64 + q, computed=64, scheduled=q) for _ in range(2)]
+    record = DispatchRecord()
+    runner = runner_over(decodes, q, record)
+    for rows in (decodes, prompts, decodes):
+        write_step(runner, rows, counts_drafts_without_drafts=counts_every_step)
+        run_dispatch(runner, [row.scheduled for row in rows])
+
+    assert record.uniform_decode == [True, False, True]
+
+
 @pytest.mark.parametrize("forced", [True, False])
 @pytest.mark.parametrize("spec_tokens", SPEC_TOKENS)
 def test_dummy_and_capture_runs_keep_their_classification(
@@ -479,6 +510,8 @@ READS = {
 }
 # ``pass_config.enable_sp`` is read by vLLM's own dispatch under pipeline parallel.
 EARLY_READS = {"pipeline_parallel_size": (drop_config, 4)}
+#: Read where the draft counts are left in place on steps without drafts.
+DRAFTING_STEP_READS = {"spec_token_ids": (drop_batch_column, 4)}
 
 
 @pytest.mark.parametrize(
@@ -496,6 +529,16 @@ EARLY_READS = {"pipeline_parallel_size": (drop_config, 4)}
             )
             for name in EARLY_READS
         ],
+        *[
+            pytest.param(
+                name,
+                marks=pytest.mark.skipif(
+                    not release_counts_drafts_only_on_drafting_steps(),
+                    reason="this release counts the rows' drafts on every step",
+                ),
+            )
+            for name in DRAFTING_STEP_READS
+        ],
     ],
 )
 def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
@@ -503,15 +546,16 @@ def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
 ) -> None:
     from vllm_graphsafe.registry import PatchState
 
-    drop, q = {**READS, **EARLY_READS}[name]
+    drop, q = {**READS, **EARLY_READS, **DRAFTING_STEP_READS}[name]
     record = DispatchRecord()
-    rows = fresh_prompt(q)
+    # A decode in the first row, so that every read of the rule is reached.
+    rows = decodes_plus_prefill(q)
     runner = runner_over(rows, q, record)
     drop(runner, name)
 
     with caplog.at_level("WARNING", logger="vllm.graphsafe"):
-        run_dispatch(runner, [q])
-        run_dispatch(runner, [q])
+        run_dispatch(runner, [q] * len(rows))
+        run_dispatch(runner, [q] * len(rows))
 
     # vLLM's own shape answer, both times: the second step no longer asks.
     assert record.uniform_decode == [True, True]

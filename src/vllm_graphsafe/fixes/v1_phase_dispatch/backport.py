@@ -30,6 +30,9 @@ from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
 from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
+from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import (
+    counts_drafts_only_on_drafting_steps,
+)
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
@@ -44,10 +47,10 @@ def _has_prefill_request({parameters}) -> bool:
     With speculation, _prepare_inputs has counted each row's drafts where the
     row schedules exactly 1 + its drafts (-1 for a prefill chunk, including
     output tokens re-computed after preemption); without, a decode schedules
-    one token over prior state.{step_doc}
+    one token over prior state.{drafting_doc}{step_doc}
     """
 {step_branch}    if self.uniform_decode_query_len > 1:
-        return bool(
+{drafting_branch}        return bool(
             (
                 self.num_decode_draft_tokens.np[:num_reqs]
                 != self.uniform_decode_query_len - 1
@@ -56,6 +59,16 @@ def _has_prefill_request({parameters}) -> bool:
     return bool((self.input_batch.num_computed_tokens_cpu[:num_reqs] == 0).any())
 
 '''
+
+#: Where _prepare_inputs counts drafts only on a step that schedules some.
+_DRAFTING_DOC = """ The counts are written only on a step that
+    schedules drafts: on a step without any, the first row has none and every
+    row of the decode width is a prefill chunk."""
+_DRAFTING_BRANCH = """\
+        num_drafts = self.uniform_decode_query_len - 1
+        if len(self.input_batch.spec_token_ids[0]) != num_drafts:
+            return True
+"""
 
 _PARAMETERS = "self, num_reqs: int"
 _STEP_PARAMETERS = """
@@ -150,10 +163,15 @@ def plan(tree: Tree) -> Plan:
     name = classification.targets[0].id  # type: ignore[attr-defined]
     worker = tree.source(V1_WORKER) if tree.exists(V1_WORKER) else None
     early = worker is not None and recognition.calls_name(worker.tree, _DISPATCH_NAME)
+    drafting_only = counts_drafts_only_on_drafting_steps(
+        runner.function("GPUModelRunner._prepare_inputs")
+    )
     counting = _draft_counting(runner) if early else None
     indent = runner.indent_of(shape_rule)
     methods = _HAS_PREFILL_METHOD.format(
         parameters=_STEP_PARAMETERS if early else _PARAMETERS,
+        drafting_doc=_DRAFTING_DOC if drafting_only else "",
+        drafting_branch=_DRAFTING_BRANCH if drafting_only else "",
         step_doc=_STEP_DOC if early else "",
         step_branch=_STEP_BRANCH if early else "",
     )
@@ -192,6 +210,8 @@ def plan(tree: Tree) -> Plan:
     plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(
         name,
         scheduled_step=early,
+        worker_classifies_early=early,
+        drafts_counted_when_drafting=drafting_only,
         drafts_count_past_prompt=counting is not None and counting.past_prompt,
     )
     return plan

@@ -6,6 +6,7 @@ The fix's facts (what, why, upstream, removal) are in this folder's
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import weakref
@@ -59,13 +60,14 @@ PATCH_ID = FIX.id
 
 _SHAPE_RULE_NAME = SHAPE_RULE.rsplit(".", 1)[-1]
 _DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
+_PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
 _COMPUTED_NAMES = {"num_computed_tokens_cpu", "num_computed_tokens"}
 _PROMPT_NAMES = {"num_prompt_tokens"}
 _DRAFT_COUNT_NAMES = {"num_decode_draft_tokens"}
 _QUERY_LEN_NAMES = {"uniform_decode_query_len"}
 _READING = (
     "GPUModelRunner.num_decode_draft_tokens, GPUModelRunner.input_batch "
-    "(num_computed_tokens_cpu) "
+    "(num_computed_tokens_cpu, spec_token_ids) "
     "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp; "
     "under pipeline plus sequence parallelism, the step's scheduler output"
 )
@@ -119,6 +121,42 @@ def worker_classifies_early(sources: SourceReader) -> bool:
     return sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
 
 
+def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
+    """0.20-0.31: ``_prepare_inputs`` counts the rows' drafts only on a step
+    that schedules some (``use_spec_decode`` tests the scheduled drafts, not
+    the speculative config); on any other step the column still holds the last
+    drafting step's counts. Where the source says neither, assume so (the
+    check it adds is exact either way)."""
+
+    def work() -> bool:
+        prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
+        return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
+
+    return sources.kept_answer(
+        RUNNER_MODULE, "drafts_counted_when_drafting", (_PREPARE_INPUTS,), work
+    )
+
+
+def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
+    """Whether this ``_prepare_inputs`` decides to count drafts from the step's
+    scheduled drafts; True where it says neither."""
+    for node in ast.walk(prepare_inputs):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "use_spec_decode"
+            for target in node.targets
+        ):
+            used = recognition.referenced_names(node.value)
+            return "scheduled_spec_decode_tokens" in used
+    return True
+
+
+def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
+    """Whether the batch's first row was handed ``num_drafts`` drafts this step
+    (the input batch keeps each row's scheduled drafts, refreshed every step):
+    on a step that scheduled none, every K+1-token row is a prefill chunk."""
+    return len(runner.input_batch.spec_token_ids[0]) == num_drafts
+
+
 class PhaseAwareShapeRule:
     """Installed as ``GPUModelRunner._is_uniform_decode``; keeps its convention.
 
@@ -133,9 +171,13 @@ class PhaseAwareShapeRule:
         rule: ShapeRule,
         on_failure: OnFailure,
         step_rule: ScheduledStepRule | None = None,
+        stale_draft_counts: bool = False,
     ) -> None:
         self.rule = rule
         self.on_failure = on_failure
+        #: The draft-count column is left as it was on steps without drafts
+        #: (:func:`draft_counts_only_on_drafting_steps`).
+        self.stale_draft_counts = stale_draft_counts
         #: Where the worker may classify early: the rule from the step's
         #: scheduler output, for runners under pipeline + sequence parallel.
         self.step_rule = step_rule
@@ -169,6 +211,7 @@ class PhaseAwareShapeRule:
         step's scheduler output instead.
         """
         shape_rule, on_failure, step_rule = self.rule, self.on_failure, self.step_rule
+        stale_draft_counts = self.stale_draft_counts
         count = counts.STATS.counter(PATCH_ID)
         # [None] until the first uniform real step, then whether it classifies early.
         early: list[bool | None] = [None if step_rule is not None else False]
@@ -198,11 +241,15 @@ class PhaseAwareShapeRule:
                 classifies_early = early[0]
                 if classifies_early is None:
                     classifies_early = early[0] = classifies_before_state_update(runner)
-                if (
-                    step_rule(runner, uniform_decode_query_len)
-                    if classifies_early and step_rule is not None
-                    else rows_are_decodes(runner, num_reqs, uniform_decode_query_len)
-                ):
+                if classifies_early and step_rule is not None:
+                    decodes = step_rule(runner, uniform_decode_query_len)
+                else:
+                    decodes = (
+                        not stale_draft_counts
+                        or uniform_decode_query_len == 1
+                        or first_row_has_drafts(runner, uniform_decode_query_len - 1)
+                    ) and rows_are_decodes(runner, num_reqs, uniform_decode_query_len)
+                if decodes:
                     count(UNIFORM_DECODE)
                     return uniform
                 count(KEPT_OFF_DECODE)
@@ -236,10 +283,16 @@ def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
 
 
 def bind_phase_aware_shape_rule(
-    original: Any, on_failure: OnFailure, *, step_rule: ScheduledStepRule | None = None
+    original: Any,
+    on_failure: OnFailure,
+    *,
+    step_rule: ScheduledStepRule | None = None,
+    stale_draft_counts: bool = False,
 ) -> PhaseAwareShapeRule:
     """The :class:`ReplaceHook` factory; ``TypeError`` unless vLLM's static rule."""
-    return PhaseAwareShapeRule(_static_shape_rule(original), on_failure, step_rule)
+    return PhaseAwareShapeRule(
+        _static_shape_rule(original), on_failure, step_rule, stale_draft_counts
+    )
 
 
 def native_reason(sources: SourceReader) -> str | None:
@@ -269,17 +322,22 @@ class V1PhaseDispatchPatch(Patch):
         super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
 
     def hook_points(self) -> list[HookPoint]:
+        stale = draft_counts_only_on_drafting_steps(self.sources)
         if not worker_classifies_early(self.sources):
             return [
                 ReplaceHook(
                     RUNNER_MODULE,
                     SHAPE_RULE,
-                    bind_phase_aware_shape_rule,
+                    functools.partial(
+                        bind_phase_aware_shape_rule, stale_draft_counts=stale
+                    ),
                     caller=DISPATCH,
                 )
             ]
         factory = functools.partial(
-            bind_phase_aware_shape_rule, step_rule=ScheduledStepRule(self.sources)
+            bind_phase_aware_shape_rule,
+            step_rule=ScheduledStepRule(self.sources),
+            stale_draft_counts=stale,
         )
         return [
             ReplaceHook(RUNNER_MODULE, SHAPE_RULE, factory, caller=DISPATCH),
@@ -296,6 +354,12 @@ class V1PhaseDispatchPatch(Patch):
                 RUNNER_MODULE, "GPUModelRunner", "num_decode_draft_tokens", SHAPE_RULE
             ),
         ]
+        if draft_counts_only_on_drafting_steps(self.sources):
+            reads.append(
+                SetsAttribute(
+                    INPUT_BATCH_MODULE, "InputBatch", "spec_token_ids", SHAPE_RULE
+                )
+            )
         if worker_classifies_early(self.sources):
             reads += _early_reads()
         return reads

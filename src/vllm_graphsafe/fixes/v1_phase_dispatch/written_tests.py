@@ -48,10 +48,14 @@ def _runner(rows, decode_query_len):
     for index, (num_computed, num_drafts) in enumerate(rows):
         computed[index] = num_computed
         drafts[index] = num_drafts
+    # Each row's drafts this step, as _update_states leaves them.
+    scheduled_drafts = [[0] * max(int(count), 0) for count in drafts]
     runner = object.__new__(GPUModelRunner)
     runner.__dict__.update(
         uniform_decode_query_len=decode_query_len,
-        input_batch=SimpleNamespace(num_computed_tokens_cpu=computed),
+        input_batch=SimpleNamespace(
+            num_computed_tokens_cpu=computed, spec_token_ids=scheduled_drafts
+        ),
         num_decode_draft_tokens=SimpleNamespace(np=drafts),
     )
     return runner
@@ -151,10 +155,11 @@ def test_rows_past_the_batch_are_ignored():
 _SCHEDULED_STEP = '''
 
 # -- the step's scheduler output -----------------------------------------------
-# Under pipeline + sequence parallelism the worker dispatches before the runner
-# updates its request state; both dispatches of a step read the step's
-# scheduler output. The runners below hold the previous step's columns, which
-# say the opposite of the step's answer.
+# This tree's _prepare_inputs leaves the draft counts of the last drafting step
+# in place on a step without drafts (and under pipeline + sequence parallelism
+# its worker dispatches before the runner updates its request state): every
+# dispatch of a step reads the step's scheduler output. The runners below hold
+# the previous step's columns, which say the opposite of the step's answer.
 
 DRAFTS_COUNT_PAST_PROMPT = {past_prompt}
 
@@ -238,6 +243,46 @@ def test_a_step_is_classified_from_its_scheduler_output(case, num_speculative_to
     assert has_prefill == (not all(_is_scheduled_decode(r, q) for r in requests))
 
 
+def test_the_runner_hands_the_step_to_its_own_dispatch():
+    """Both dispatches of a step decide from the same scheduler output."""
+    source = textwrap.dedent(inspect.getsource(GPUModelRunner.execute_model))
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", None) == "_determine_batch_execution_and_padding"
+    ]
+    assert len(calls) == 1
+    assert [
+        keyword.value.id
+        for keyword in calls[0].keywords
+        if keyword.arg == "scheduler_output" and isinstance(keyword.value, ast.Name)
+    ] == ["scheduler_output"]
+'''
+
+
+_DRAFTING_STEPS_ONLY = '''
+
+# -- draft counts written only on drafting steps --------------------------------
+
+
+def test_a_step_without_drafts_reads_no_stale_draft_counts():
+    """This tree's _prepare_inputs leaves the last drafting step's counts in
+    place on a step that schedules no drafts (a K+1-token prompt chunk alone):
+    such a step is a prefill, whatever the counts still say."""
+    q = 4
+    runner = _runner([(25, q - 1), (31, q - 1)], q)
+    runner.input_batch.spec_token_ids = [[] for _ in range(MAX_ROWS)]
+
+    assert runner._has_prefill_request(2) is True
+    assert _classification(runner, 2) is False
+'''
+
+_WORKER_CLASSIFIES_EARLY = '''
+
+# -- the worker's early dispatch (pipeline + sequence parallelism) -------------
+
+
 def _worker(runner):
     """A worker on one of several pipeline stages, with sequence parallelism."""
     worker = object.__new__(Worker)
@@ -273,23 +318,6 @@ def test_the_worker_classifies_the_step_it_is_about_to_run(case):
         len(requests), _step(requests)
     ) == (not every_request_decodes)
     assert uniform_decode == every_request_decodes
-
-
-def test_the_runner_hands_the_step_to_its_own_dispatch():
-    """Both dispatches of a step decide from the same scheduler output."""
-    source = textwrap.dedent(inspect.getsource(GPUModelRunner.execute_model))
-    calls = [
-        node
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Call)
-        and getattr(node.func, "attr", None) == "_determine_batch_execution_and_padding"
-    ]
-    assert len(calls) == 1
-    assert [
-        keyword.value.id
-        for keyword in calls[0].keywords
-        if keyword.arg == "scheduler_output" and isinstance(keyword.value, ast.Name)
-    ] == ["scheduler_output"]
 '''
 
 
@@ -297,21 +325,32 @@ def v1_phase_dispatch(
     classification: str = "uniform_decode",
     *,
     scheduled_step: bool = False,
+    worker_classifies_early: bool = False,
     drafts_count_past_prompt: bool = False,
+    drafts_counted_when_drafting: bool = False,
 ) -> str:
     """The tests for a tree whose dispatch names its classification
     ``classification``; with ``scheduled_step``, those of the step's scheduler
-    output too (the tree's worker classifies early), whose drafts count where a
+    output too (the dispatch is handed the step), whose drafts count where a
     row is past its prompt if ``drafts_count_past_prompt``, else where it
-    schedules exactly 1 + its drafts."""
+    schedules exactly 1 + its drafts; with ``worker_classifies_early``, those
+    of the worker's own early dispatch; with ``drafts_counted_when_drafting``,
+    that a step without drafts is not read from the last drafting step's
+    counts."""
     text = _V1_PHASE_DISPATCH.format(
         name=classification,
         extra_stdlib="import ast\n" if scheduled_step else "",
         extra_vllm=(
-            "from vllm.v1.worker.gpu_worker import Worker\n" if scheduled_step else ""
+            "from vllm.v1.worker.gpu_worker import Worker\n"
+            if worker_classifies_early
+            else ""
         ),
     )
     if scheduled_step:
         text = text.replace("import inspect\n", "import inspect\nimport textwrap\n", 1)
         text += _SCHEDULED_STEP.format(past_prompt=drafts_count_past_prompt)
+    if drafts_counted_when_drafting:
+        text += _DRAFTING_STEPS_ONLY
+    if worker_classifies_early:
+        text += _WORKER_CLASSIFIES_EARLY
     return HEADER + text
