@@ -32,7 +32,11 @@ from tests.engine.emulator.cases import (
     Client,
     case_named,
 )
-from tests.engine.emulator.step_log import STEP_LOG_ENV, WORKER_EXTENSION
+from tests.engine.emulator.step_log import (
+    STEP_DELAY_ENV,
+    STEP_LOG_ENV,
+    WORKER_EXTENSION,
+)
 from vllm_graphsafe.emulator.demo import boundary_answer
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.local_engine.launcher import (
@@ -85,6 +89,7 @@ def _environment(overrides: dict[str, str], workdir: Path) -> dict[str, str]:
             "VLLM_CACHE_ROOT": cache,
             "PYTHONPATH": python_path,
             STEP_LOG_ENV: str(workdir / "steps"),
+            STEP_DELAY_ENV: "0.01",
             **overrides,
         },
         drop=SWITCHES,

@@ -38,8 +38,10 @@ DECODE_TOKENS = MAX_MODEL_LEN - DECODE_PROMPT_TOKENS
 #: server's step log; an attempt where they did not is run again, this often.
 DECODE_ATTEMPTS = 5
 #: Steps that scheduled the long decode, by the server's step log, before the
-#: dangerous prompts are inserted.
-DECODE_HEAD_STEPS = 6
+#: dangerous prompts are inserted: enough history for the ngram drafter to
+#: propose K tokens (early in the decode it often proposes none, and the step
+#: that admits the prompts then has no decode batch's shape).
+DECODE_HEAD_STEPS = 64
 #: How often the step log is read while waiting for the decode to start.
 STEP_LOG_POLL_S = 0.01
 FIRST_ORDINARY_ID = 10
@@ -185,8 +187,11 @@ def _ongoing_decode(client: Client) -> Answers:
     """A long greedy decode, with dangerous prompts inserted while it runs.
 
     That each inserted prompt was computed in a step that also scheduled the
-    decode is read from the server's step log (the scheduler's own record),
-    not inferred from timing; an attempt where it was not is run again.
+    decode, every row K+1 tokens wide (the decode with its K drafts: the shape
+    of a decode batch), is read from the server's step log (the scheduler's own
+    record), not inferred from timing; an attempt where it was not is run
+    again (where the decode's drafter proposed fewer than K tokens in that step
+    the shape differs).
     """
     if client.step_log is None:
         raise AssertionError("this case needs the server's step log")
@@ -206,7 +211,8 @@ def _ongoing_decode(client: Client) -> Answers:
         )
     raise AssertionError(
         f"in {DECODE_ATTEMPTS} attempts the server's step log shows no step "
-        f"that computed each inserted prompt beside the ongoing decode: {missed}"
+        f"that computed each inserted prompt beside the ongoing decode, every row "
+        f"{STEP} tokens wide: {missed}"
     )
 
 
@@ -242,6 +248,8 @@ def _decode_with_inserts(
     overlap = dict.fromkeys(slots, False)
     for step in read_steps(step_log):
         if not any(names["decode"] in req_id for req_id in step["scheduled"]):
+            continue
+        if set(step["widths"]) != {STEP}:
             continue
         for slot in slots:
             if any(names[slot] in req_id for req_id in step["in_prompt"]):

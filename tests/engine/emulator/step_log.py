@@ -8,6 +8,7 @@ JSON line per step that schedules tokens to ``<dir>/<pid>.jsonl``, as
 :class:`tests.engine.emulator.step_recording.StepRecorder` sees it:
 
 - ``scheduled``: the engine's ids of the requests the step scheduled;
+- ``widths``: the tokens it scheduled for each of them;
 - ``in_prompt``: those that had not computed their whole prompt before it;
 - ``prefill_rows``: those a hybrid model's metadata builders run as prefills.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,12 @@ from typing import Any
 from tests.engine.emulator.step_recording import Step, StepRecorder
 
 STEP_LOG_ENV = "GRAPHSAFE_TEST_STEP_LOG"
+#: Seconds each step that schedules a request named :data:`SLOW_REQUEST_MARK`
+#: is held after it ran: the tiny model decodes 2,000 tokens in under two
+#: seconds, too short a window for prompts sent once the decode is seen
+#: running to reach a loaded server in time. Answers are unchanged.
+STEP_DELAY_ENV = "GRAPHSAFE_TEST_SLOW_STEP_S"
+SLOW_REQUEST_MARK = "graphsafe-decode-"
 WORKER_EXTENSION = f"{__name__}.StepLogExtension"
 
 
@@ -34,7 +42,7 @@ class StepLogExtension:
     """Adds nothing to the worker: importing this module installs the log."""
 
 
-def _install(path: Path) -> None:
+def _install(path: Path, slow_step_s: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def log_step(step: Step) -> None:
@@ -42,9 +50,12 @@ def _install(path: Path) -> None:
             "scheduled": step["scheduled"],
             "in_prompt": step["in_prompt"],
             "prefill_rows": step["prefill_rows"],
+            "widths": step["widths"],
         }
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(line) + "\n")
+        if slow_step_s and any(SLOW_REQUEST_MARK in r for r in step["scheduled"]):
+            time.sleep(slow_step_s)
 
     StepRecorder(dispatch_call="last", on_step=log_step).install()
 
@@ -60,4 +71,7 @@ def read_steps(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 
 if os.environ.get(STEP_LOG_ENV):
-    _install(Path(os.environ[STEP_LOG_ENV]) / f"{os.getpid()}.jsonl")
+    _install(
+        Path(os.environ[STEP_LOG_ENV]) / f"{os.getpid()}.jsonl",
+        float(os.environ.get(STEP_DELAY_ENV) or 0),
+    )
