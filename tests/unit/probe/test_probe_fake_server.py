@@ -183,9 +183,9 @@ def test_a_decode_the_context_cannot_stretch_makes_the_probe_incomplete(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # max_model_len 70 leaves the decode 38 tokens, streamed at once: it ends
-    # long before the first inserted prompt (0.5 s) is answered, and nothing can
+    # long before the first inserted prompt (0.1 s) is answered, and nothing can
     # lengthen it.
-    config = FakeConfig(max_model_len=70, stream_token_delay_s=0.0, answer_delay_s=0.5)
+    config = FakeConfig(max_model_len=70, stream_token_delay_s=0.0, answer_delay_s=0.1)
     result, server = probe_fake(capsys, tmp_path, config)
 
     assert result.status == errors.EXIT_INCOMPLETE, result.stdout + result.stderr

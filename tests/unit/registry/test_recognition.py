@@ -23,6 +23,7 @@ class InputBatch:
     def __init__(self):
         self.num_computed_tokens_cpu = None
         self.num_prompt_tokens = None
+        self.spec_token_ids = []
 """
 CP_UTILS = """
 def prepare_dcp_dummy_context_metadata(
