@@ -14,6 +14,8 @@ doctor (``-m vllm_graphsafe.cli.main doctor --json``), pytest
 - ``doctor-failed``: the doctor reports the patch ``failed`` (exit 1).
 - ``negative-errors``: the negative control's tests error instead of failing.
 - ``backport-failed``: the backport check exits 1.
+- ``doctor-without-vllm``: the doctor's report names no installed vLLM (as when
+  an install was cut short and left the package without its metadata).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def junit(path: str, failures: int = 0, errors: int = 0, tests: int = TESTS) -> 
 def doctor() -> int:
     state = "failed" if SCENARIO == "doctor-failed" else "applied"
     report = {
-        "vllm": {"version": "0.0.0", "distribution": "vllm"},
+        "vllm": None
+        if SCENARIO == "doctor-without-vllm"
+        else {"version": "0.0.0", "distribution": "vllm"},
         "patches": [{"id": "v1-phase-dispatch", "state": state}],
         "ok": state == "applied",
     }

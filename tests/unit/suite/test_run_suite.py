@@ -93,6 +93,17 @@ def test_a_doctor_reporting_a_failed_patch_fails_the_suite(tmp_path: Path) -> No
     ]
 
 
+def test_a_doctor_report_without_vllm_is_one_named_failure(tmp_path: Path) -> None:
+    result = run_suite(tmp_path, "doctor-without-vllm")
+
+    assert result.returncode == EXIT_FAILED
+    assert failures(result.stdout) == [
+        "FAILED: fake-venv: fork backports and engine tests not run "
+        "(the doctor report names no installed vLLM)"
+    ]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 def test_a_negative_control_that_errors_is_no_evidence(tmp_path: Path) -> None:
     result = run_suite(tmp_path, "negative-errors")
 
