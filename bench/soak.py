@@ -163,10 +163,14 @@ class Scraper(threading.Thread):
     more when the load is over."""
 
     def __init__(
-        self, base_url: str, sample: Callable[[], dict[str, Any]] | None = None
+        self,
+        base_url: str,
+        sample: Callable[[], dict[str, Any]] | None = None,
+        interval_s: float = SCRAPE_INTERVAL_S,
     ) -> None:
         super().__init__(daemon=True)
         self.base_url = base_url
+        self.interval_s = interval_s
         #: Called on each tick too; its answers, with the seconds since the start.
         self.sample = sample
         self.samples: list[tuple[float, dict[str, Any]]] = []
@@ -181,7 +185,7 @@ class Scraper(threading.Thread):
         started = due = time.monotonic()
         with httpx.Client(base_url=self.base_url, timeout=SCRAPE_TIMEOUT_S) as client:
             while not self.stop.wait(max(0.0, due - time.monotonic())):
-                due += SCRAPE_INTERVAL_S
+                due += self.interval_s
                 self.scrape(client)
                 if self.sample is not None:
                     self.samples.append((time.monotonic() - started, self.sample()))

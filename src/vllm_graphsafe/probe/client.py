@@ -6,8 +6,10 @@ plugin) never imports it. Each of httpx's errors becomes one plain sentence.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
+import ssl
 import threading
 import time
 import urllib.parse
@@ -79,6 +81,15 @@ def connect_failure(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+@functools.cache
+def tls_context(trust_env: bool) -> ssl.SSLContext:
+    """The certificate store httpx would load for each client (about 0.1 s),
+    loaded once per process."""
+    import httpx
+
+    return httpx.create_ssl_context(trust_env=trust_env)
+
+
 class ServerClient:
     """One connection pool to the server, one timeout per request, one budget."""
 
@@ -100,12 +111,14 @@ class ServerClient:
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        # A proxy from the environment can never serve a loopback address.
+        trust_env = not is_loopback(base_url)
         self._http = httpx.Client(
             base_url=base_url,
             headers=headers,
             timeout=timeout,
-            # A proxy from the environment can never serve a loopback address.
-            trust_env=not is_loopback(base_url),
+            trust_env=trust_env,
+            verify=tls_context(trust_env),
         )
 
     def close(self) -> None:

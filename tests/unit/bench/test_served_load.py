@@ -248,9 +248,11 @@ def test_the_scraper_counts_every_answer_and_keeps_each_error() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        scraper = soak.Scraper(f"http://127.0.0.1:{server.server_address[1]}")
+        scraper = soak.Scraper(
+            f"http://127.0.0.1:{server.server_address[1]}", interval_s=0.1
+        )
         scraper.start()
-        while scraper.attempts < 2:  # one scrape now, the next a second later
+        while scraper.attempts < 2:  # one scrape now, the next a tick later
             threading.Event().wait(0.05)
         scraper.finish()  # and one after the load
     finally:

@@ -41,6 +41,9 @@ def test_building_a_wheel_from_a_checkout_writes_nothing_into_it(
             "wheel",
             "-q",
             "--no-deps",
+            # The backend pyproject.toml names, from the test extra: the same
+            # build as pip's isolated one, without installing it each time.
+            "--no-build-isolation",
             "-w",
             str(tmp_path / "dist"),
             str(checkout),

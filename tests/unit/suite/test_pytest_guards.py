@@ -5,17 +5,25 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_pytest(
-    tmp_path: Path, source: str, *args: str
-) -> subprocess.CompletedProcess[str]:
+class Finished(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def start_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.Popen[str]:
     """pytest on one test file, with this repository's settings and conftest."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     test_file = tmp_path / "test_guarded.py"
     test_file.write_text(source)
-    return subprocess.run(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -33,10 +41,9 @@ def run_pytest(
             *args,
         ],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
-        timeout=120,
     )
 
 
@@ -60,15 +67,37 @@ def test_x(speculator):
 """
 
 
-def test_a_mistyped_marker_is_an_error(tmp_path: Path) -> None:
-    result = run_pytest(tmp_path, MISTYPED)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Finished]:
+    """The three runs, started together (each spends its time starting pytest)."""
+    base = tmp_path_factory.mktemp("guards")
+    started = {
+        "mistyped": start_pytest(base / "mistyped", MISTYPED),
+        "empty, its control": start_pytest(
+            base / "own", EMPTY, "--negative-control=mrv2-phase-dispatch"
+        ),
+        "empty, another control": start_pytest(
+            base / "other", EMPTY, "--negative-control=v1-phase-dispatch"
+        ),
+    }
+    finished = {}
+    for name, process in started.items():
+        stdout, stderr = process.communicate(timeout=120)
+        finished[name] = Finished(process.returncode, stdout, stderr)
+    return finished
+
+
+def test_a_mistyped_marker_is_an_error(runs: dict[str, Finished]) -> None:
+    result = runs["mistyped"]
 
     assert result.returncode == pytest_exit_code("INTERRUPTED")
     assert "'regresion' not found in `markers` configuration option" in result.stdout
 
 
-def test_an_empty_regression_list_fails_the_negative_control(tmp_path: Path) -> None:
-    result = run_pytest(tmp_path, EMPTY, "--negative-control=mrv2-phase-dispatch")
+def test_an_empty_regression_list_fails_the_negative_control(
+    runs: dict[str, Finished],
+) -> None:
+    result = runs["empty, its control"]
 
     assert result.returncode == pytest_exit_code("TESTS_FAILED")
     assert (
@@ -78,14 +107,12 @@ def test_an_empty_regression_list_fails_the_negative_control(tmp_path: Path) -> 
 
 
 def test_an_empty_list_of_another_patch_does_not_stop_a_control(
-    tmp_path: Path,
+    runs: dict[str, Finished],
 ) -> None:
-    result = run_pytest(tmp_path, EMPTY, "--negative-control=v1-phase-dispatch")
+    result = runs["empty, another control"]
 
     assert result.returncode == pytest_exit_code("NO_TESTS_COLLECTED")
 
 
 def pytest_exit_code(name: str) -> int:
-    import pytest
-
     return int(pytest.ExitCode[name])

@@ -28,44 +28,76 @@ def fake_venv(tmp_path: Path) -> Path:
     return venv
 
 
-def run_suite(tmp_path: Path, scenario: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "run_suite.py"),
-            "--no-engine",
-            str(fake_venv(tmp_path)),
-        ],
-        env={**os.environ, "FAKE_SCENARIO": scenario},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+SCENARIOS = (
+    "good",
+    "crash",
+    "no-junit",
+    "no-tests",
+    "doctor-failed",
+    "doctor-without-vllm",
+    "negative-errors",
+    "backport-failed",
+)
+
+
+@pytest.fixture(scope="module")
+def suite_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """run_suite.py once per scenario, all started together: each spends its
+    time waiting on the Pythons it starts."""
+    started = {
+        scenario: subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "run_suite.py"),
+                "--no-engine",
+                str(fake_venv(tmp_path_factory.mktemp(scenario))),
+            ],
+            env={**os.environ, "FAKE_SCENARIO": scenario},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for scenario in SCENARIOS
+    }
+    runs = {}
+    for scenario, process in started.items():
+        stdout, stderr = process.communicate(timeout=120)
+        runs[scenario] = subprocess.CompletedProcess(
+            process.args, process.returncode, stdout, stderr
+        )
+    return runs
 
 
 def failures(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("FAILED: ")]
 
 
-def test_a_healthy_release_passes(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "good")
+def test_a_healthy_release_passes(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["good"]
 
     assert result.returncode == EXIT_OK, result.stdout
     assert failures(result.stdout) == []
     assert "all 3 regression tests fail on an assertion" in result.stdout
 
 
-def test_a_crashed_pytest_fails_the_suite(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "crash")
+def test_a_crashed_pytest_fails_the_suite(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["crash"]
 
     assert result.returncode == EXIT_FAILED
     assert "FAILED: fake-venv logic: pytest was killed by SIGABRT" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_a_pytest_that_leaves_no_report_fails_the_suite(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "no-junit")
+def test_a_pytest_that_leaves_no_report_fails_the_suite(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["no-junit"]
 
     assert result.returncode == EXIT_FAILED
     assert (
@@ -75,8 +107,10 @@ def test_a_pytest_that_leaves_no_report_fails_the_suite(tmp_path: Path) -> None:
     assert "0 passed" in result.stdout
 
 
-def test_a_pytest_that_collects_nothing_fails_the_suite(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "no-tests")
+def test_a_pytest_that_collects_nothing_fails_the_suite(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["no-tests"]
 
     assert result.returncode == EXIT_FAILED
     assert (
@@ -84,8 +118,10 @@ def test_a_pytest_that_collects_nothing_fails_the_suite(tmp_path: Path) -> None:
     )
 
 
-def test_a_doctor_reporting_a_failed_patch_fails_the_suite(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "doctor-failed")
+def test_a_doctor_reporting_a_failed_patch_fails_the_suite(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["doctor-failed"]
 
     assert result.returncode == EXIT_FAILED
     assert failures(result.stdout) == [
@@ -93,8 +129,10 @@ def test_a_doctor_reporting_a_failed_patch_fails_the_suite(tmp_path: Path) -> No
     ]
 
 
-def test_a_doctor_report_without_vllm_is_one_named_failure(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "doctor-without-vllm")
+def test_a_doctor_report_without_vllm_is_one_named_failure(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["doctor-without-vllm"]
 
     assert result.returncode == EXIT_FAILED
     assert failures(result.stdout) == [
@@ -104,8 +142,10 @@ def test_a_doctor_report_without_vllm_is_one_named_failure(tmp_path: Path) -> No
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_a_negative_control_that_errors_is_no_evidence(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "negative-errors")
+def test_a_negative_control_that_errors_is_no_evidence(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["negative-errors"]
 
     assert result.returncode == EXIT_FAILED
     assert failures(result.stdout) == [
@@ -131,16 +171,18 @@ def test_a_venv_without_python_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scenario", ["crash", "no-junit", "no-tests"])
 def test_every_broken_run_is_named_once_per_stage(
-    tmp_path: Path, scenario: str
+    suite_runs: dict[str, subprocess.CompletedProcess[str]], scenario: str
 ) -> None:
-    result = run_suite(tmp_path, scenario)
+    result = suite_runs[scenario]
 
     stages = [line.split(":")[1].strip() for line in failures(result.stdout)]
     assert stages[:2] == ["fake-venv logic", "fake-venv classes"]
 
 
-def test_a_failed_backport_check_fails_the_suite(tmp_path: Path) -> None:
-    result = run_suite(tmp_path, "backport-failed")
+def test_a_failed_backport_check_fails_the_suite(
+    suite_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = suite_runs["backport-failed"]
 
     assert result.returncode == EXIT_FAILED
     assert failures(result.stdout) == [
