@@ -5,17 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
+from tests.unit.suite.processes import finish_all
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-class Finished(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 def start_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.Popen[str]:
@@ -68,7 +63,9 @@ def test_x(speculator):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Finished]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, subprocess.CompletedProcess[str]]:
     """The three runs, started together (each spends its time starting pytest)."""
     base = tmp_path_factory.mktemp("guards")
     started = {
@@ -80,14 +77,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Finished]:
             base / "other", EMPTY, "--negative-control=v1-phase-dispatch"
         ),
     }
-    finished = {}
-    for name, process in started.items():
-        stdout, stderr = process.communicate(timeout=120)
-        finished[name] = Finished(process.returncode, stdout, stderr)
-    return finished
+    return finish_all(started)
 
 
-def test_a_mistyped_marker_is_an_error(runs: dict[str, Finished]) -> None:
+def test_a_mistyped_marker_is_an_error(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     result = runs["mistyped"]
 
     assert result.returncode == pytest_exit_code("INTERRUPTED")
@@ -95,7 +90,7 @@ def test_a_mistyped_marker_is_an_error(runs: dict[str, Finished]) -> None:
 
 
 def test_an_empty_regression_list_fails_the_negative_control(
-    runs: dict[str, Finished],
+    runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
     result = runs["empty, its control"]
 
@@ -107,7 +102,7 @@ def test_an_empty_regression_list_fails_the_negative_control(
 
 
 def test_an_empty_list_of_another_patch_does_not_stop_a_control(
-    runs: dict[str, Finished],
+    runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
     result = runs["empty, another control"]
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.suite.processes import finish_all
+
 ROOT = Path(__file__).resolve().parents[3]
 FAKE_PYTHON = Path(__file__).with_name("fake_python.py")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -61,13 +63,7 @@ def suite_runs(
         )
         for scenario in SCENARIOS
     }
-    runs = {}
-    for scenario, process in started.items():
-        stdout, stderr = process.communicate(timeout=120)
-        runs[scenario] = subprocess.CompletedProcess(
-            process.args, process.returncode, stdout, stderr
-        )
-    return runs
+    return finish_all(started)
 
 
 def failures(output: str) -> list[str]:
