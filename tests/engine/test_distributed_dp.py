@@ -197,20 +197,30 @@ def drive_ranks(server: local.LocalServer, step_dir: Path) -> tuple[int | None, 
         except BaseException as error:  # reported by the main thread
             errors.append(error)
 
-    decoder = threading.Thread(target=long_decode, daemon=True)
-    decoder.start()
-    try:
+    def decode_steps() -> int:
+        steps = recorded_ranks(step_dir).get(1, {}).get("steps", [])
+        return sum(is_genuine_decode(step) for step in steps)
+
+    def start_decoding() -> threading.Thread:
+        before = decode_steps()
+        thread = threading.Thread(target=long_decode, daemon=True)
+        thread.start()
         wait_for(
-            lambda: any(
-                is_genuine_decode(step)
-                for step in recorded_ranks(step_dir).get(1, {}).get("steps", [])
-            ),
+            lambda: decode_steps() > before or errors,
             DECODE_TIMEOUT_S,
             "rank 1 to decode speculatively",
         )
+        return thread
+
+    decoder = start_decoding()
+    try:
         paired: int | None = None
         sent = 0
-        while paired is None and sent < MAX_BOUNDARY_PROMPTS and decoder.is_alive():
+        while paired is None and sent < MAX_BOUNDARY_PROMPTS and not errors:
+            if not decoder.is_alive():
+                # A loaded host can reach the end of the decode between two
+                # prompts: rank 1 decodes again before the next one.
+                decoder = start_decoding()
             local.complete(server, boundary_prompt(sent), 2, data_parallel_rank=0)
             sent += 1
             found = paired_syncs(recorded_ranks(step_dir))
