@@ -248,12 +248,21 @@ def test_the_scraper_counts_every_answer_and_keeps_each_error() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+        ticks: list[int] = []
+
+        def stop_after_two_ticks() -> dict[str, Any]:
+            ticks.append(len(ticks))
+            if len(ticks) == 2:  # one scrape now, the next a tick later
+                scraper.stop.set()
+            return {"tick": ticks[-1]}
+
         scraper = soak.Scraper(
-            f"http://127.0.0.1:{server.server_address[1]}", interval_s=0.1
+            f"http://127.0.0.1:{server.server_address[1]}",
+            sample=stop_after_two_ticks,
+            interval_s=0.1,
         )
         scraper.start()
-        while scraper.attempts < 2:  # one scrape now, the next a tick later
-            threading.Event().wait(0.05)
+        scraper.join(timeout=30)
         scraper.finish()  # and one after the load
     finally:
         server.shutdown()
@@ -261,6 +270,7 @@ def test_the_scraper_counts_every_answer_and_keeps_each_error() -> None:
     record = scraper.record(2.0)
 
     assert record["scrapes"] == 3
+    assert [sample for _, sample in scraper.samples] == [{"tick": 0}, {"tick": 1}]
     assert record["statuses"] == {"200": 2, "500": 1}
     assert record["errors"] == ["status 500"]
     assert record["last_decisions"] == {"uniform_decode": 7, "non_uniform": 7}
