@@ -54,7 +54,7 @@ class TurnFailed(RuntimeError):
     """A request of a turn failed: the pair cannot be compared."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Server(LocalServer):
     label: str
     stats_dir: Path

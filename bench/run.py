@@ -60,8 +60,12 @@ class Plan:
     dispatch_rounds: int
     dispatch_target_ms: float
     #: Extra fresh interpreters per venv for the plugin cost, per (vLLM
-    #: context, bytecode) variant.
-    plugin_repeats: dict[tuple[str, str], int]
+    #: context, bytecode, verdicts) variant; verdicts "cache" uses the run's
+    #: verdict cache (kept by then), "fresh" an empty one of its own (the first
+    #: process after an install: the shipped table, where the release is in
+    #: it), "judge" neither (``GRAPHSAFE_CACHE_DIR=off``: what a fork's every
+    #: process would pay with no cache it can write).
+    plugin_repeats: dict[tuple[str, str, str], int]
     e2e_repetitions: int
     #: Requests per end-to-end turn, and output tokens of each.
     e2e_prompts: int
@@ -72,7 +76,11 @@ class Plan:
 QUICK = Plan(
     dispatch_rounds=15,
     dispatch_target_ms=2.0,
-    plugin_repeats={("process", "cached"): 1},
+    plugin_repeats={
+        ("process", "cached", "cache"): 1,
+        ("process", "cached", "fresh"): 1,
+        ("process", "cached", "judge"): 1,
+    },
     e2e_repetitions=1,
     e2e_prompts=20,
     e2e_output_tokens=16,
@@ -82,9 +90,11 @@ FULL = Plan(
     dispatch_rounds=101,
     dispatch_target_ms=4.0,
     plugin_repeats={
-        ("process", "cached"): 4,
-        ("bare", "cached"): 2,
-        ("process", "source"): 2,
+        ("process", "cached", "cache"): 4,
+        ("process", "cached", "fresh"): 3,
+        ("process", "cached", "judge"): 3,
+        ("bare", "cached", "cache"): 2,
+        ("process", "source", "cache"): 2,
     },
     e2e_repetitions=32,
     e2e_prompts=40,
@@ -116,14 +126,25 @@ def staged_package(workdir: Path, executables: list[str]) -> Path:
     return site
 
 
-def worker_env(cache_dir: Path, site: Path | None, workdir: Path) -> dict[str, str]:
+def verdict_cache_dir(workdir: Path, verdicts: str) -> str:
+    """The run's verdict cache: empty at its start, so its first interpreter
+    per release takes them from the shipped table (or judges them) and later
+    ones find them kept; "fresh": an empty one of its own; "judge": none."""
+    if verdicts == "judge":
+        return "off"
+    if verdicts == "fresh":
+        return tempfile.mkdtemp(prefix="verdicts-", dir=workdir)
+    return str(workdir / "verdicts")
+
+
+def worker_env(
+    cache_dir: Path, site: Path | None, workdir: Path, verdicts: str = "cache"
+) -> dict[str, str]:
     env = {
         **CPU_ENV,
         **os.environ,
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-        # The fixes' verdicts: empty at the start of a run, so its first fresh
-        # interpreter per release judges and the later ones find them kept.
-        "GRAPHSAFE_CACHE_DIR": str(workdir / "verdicts"),
+        "GRAPHSAFE_CACHE_DIR": verdict_cache_dir(workdir, verdicts),
     }
     for name in ("VLLM_GRAPHSAFE_DISABLE", "VLLM_GRAPHSAFE_STATS_DIR", "VLLM_PLUGINS"):
         env.pop(name, None)
@@ -142,6 +163,7 @@ def run_worker(
     name: str,
     site: Path | None,
     script: str = "dispatch_cost.py",
+    verdicts: str = "cache",
 ) -> dict[str, Any]:
     """``script`` (a bench module) in a fresh interpreter of ``python``; its JSON.
 
@@ -159,7 +181,7 @@ def run_worker(
     with open(log_path, "wb") as log_file:
         completed = subprocess.run(
             command,
-            env=worker_env(cache_dir, site, workdir),
+            env=worker_env(cache_dir, site, workdir, verdicts),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             timeout=WORKER_TIMEOUT_S,
@@ -210,20 +232,22 @@ def measure_workers(
             "executable": python,
         }
         plugin_runs.append(_plugin_record(result))
-    for (context, bytecode), repeats in plan.plugin_repeats.items():
+    for (context, bytecode, verdicts), repeats in plan.plugin_repeats.items():
         for repeat in range(repeats):
             for index, python in enumerate(executables):
                 log(
                     f"plugin cost, fresh interpreter {repeat + 1}/{repeats} "
-                    f"({context}, bytecode {bytecode}, {Path(python).parts[-3]})"
+                    f"({context}, bytecode {bytecode}, verdicts {verdicts}, "
+                    f"{Path(python).parts[-3]})"
                 )
                 result = run_worker(
                     python,
                     ["--plugin-only", "--context", context],
                     workdir,
                     cache_dir,
-                    f"plugin-{context}-{bytecode}-{repeat}-{index}",
+                    f"plugin-{context}-{bytecode}-{verdicts}-{repeat}-{index}",
                     site if bytecode == "cached" else None,
+                    verdicts=verdicts,
                 )
                 plugin_runs.append(_plugin_record(result))
     return dispatch_workers, plugin_runs

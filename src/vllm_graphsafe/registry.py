@@ -36,8 +36,15 @@ import wrapt
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
+from vllm_graphsafe.shipped_verdicts import shipped_verdicts
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Verdict, judged, verdict_cache
+from vllm_graphsafe.verdicts import (
+    Origin,
+    Verdict,
+    judged,
+    judged_with_origin,
+    verdict_cache,
+)
 
 __all__ = ["SourceReader", "judged", "verdict_cache"]  # found here by callers
 
@@ -209,6 +216,8 @@ class Patch:
     _source_reader: SourceReader | None = field(default=None, init=False)
     #: The hooked modules of the last verdict (None: ask the hook points).
     _judged_modules: tuple[str, ...] | None = field(default=None, init=False)
+    #: Where the verdict last applied came from (kept, shipped or judged).
+    verdict_origin: Origin | None = field(default=None, init=False)
     _settings: Settings | None = field(default=None, init=False)
     _failed_at_run_time: bool = field(default=False, init=False)
 
@@ -454,6 +463,7 @@ class Registry:
         settings = self.read_settings() if settings is None else settings
         sources = SourceReader()
         cache = verdict_cache(settings.cache_dir, sources)
+        shipped = shipped_verdicts(settings.cache_dir)
         with _LOCK:
             for patch in self.patches:
                 if patch._failed_at_run_time or (
@@ -463,7 +473,10 @@ class Registry:
                     continue
                 if patch.is_wrapped():
                     patch.remove()
-                patch.decide(settings, sources, judged(patch, sources, cache))
+                verdict, patch.verdict_origin = judged_with_origin(
+                    patch, sources, cache, shipped
+                )
+                patch.decide(settings, sources, verdict)
                 if patch.state is PatchState.FAILED:
                     report_failure(patch, patch.reason)
                 elif patch.state is PatchState.APPLIED:

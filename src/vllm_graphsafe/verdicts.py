@@ -12,10 +12,13 @@ rules, and it is used only while all of them still match: an in-place vLLM
 upgrade, a module that appears or moves on ``sys.path``, or an edit of a rule
 gives a fresh judgement. Hashing the files costs well under a millisecond each
 (gpu_model_runner.py, 320 kB: about 0.3 ms); a size and modification time alone
-could not tell two builds apart whose files keep their timestamps.
+could not tell two builds apart whose files keep their timestamps. Where no
+verdict is kept yet, the table this package ships for the releases CI tests
+(:mod:`vllm_graphsafe.shipped_verdicts`) is asked before vLLM's source is parsed.
 
 Entries live in ``GRAPHSAFE_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-graphsafe``,
-else ``~/.cache/vllm-graphsafe`` (``off`` keeps none): a directory of this
+else ``~/.cache/vllm-graphsafe`` (``off`` keeps none and uses no shipped
+verdict): a directory of this
 user's (0700), files 0600, written without following a link
 (:mod:`vllm_graphsafe.counts.private_files`). An entry that is damaged, not
 ours, or a link is judged again and replaced, never trusted.
@@ -31,7 +34,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 import vllm_graphsafe
 from vllm_graphsafe.counts.private_files import (
@@ -41,21 +44,25 @@ from vllm_graphsafe.counts.private_files import (
 )
 from vllm_graphsafe.sources import SourceReader, question_module
 
+if TYPE_CHECKING:
+    from vllm_graphsafe.shipped_verdicts import ShippedVerdicts
+
 CACHE_OFF = frozenset({"off", "none", "0"})
 #: Largest entry read back; a real one is well under 4 kB.
 _MAX_ENTRY_BYTES = 1 << 16
 _FORMAT = 1
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
 #: The package's files whose code decides a verdict.
-_RULE_FILES = (
+RULE_FILES = (
     "outline.py",
     "recognition.py",
     "registry.py",
+    "shipped_verdicts.py",
     "sources.py",
     "verdicts.py",
     "vllm_layout.py",
 )
-_RULE_DIRS = ("fixes",)
+RULE_DIRS = ("fixes",)
 
 
 @dataclass(frozen=True)
@@ -121,13 +128,18 @@ def cache_directory(
     return root / "vllm-graphsafe"
 
 
+def rule_files() -> list[Path]:
+    """The package's files whose code decides a verdict."""
+    files = [_PACKAGE / name for name in RULE_FILES]
+    for directory in RULE_DIRS:
+        files += sorted((_PACKAGE / directory).rglob("*.py"))
+    return files
+
+
 def rules_identity() -> str:
     """The version and every rule file's name, size and modification time."""
-    files = [_PACKAGE / name for name in _RULE_FILES]
-    for directory in _RULE_DIRS:
-        files += sorted((_PACKAGE / directory).rglob("*.py"))
     parts = [vllm_graphsafe.__version__]
-    for file in files:
+    for file in rule_files():
         try:
             info = file.stat()
         except OSError:
@@ -177,7 +189,7 @@ class VerdictCache:
             return None
         files, answers = body.get("files"), body.get("answers")
         verdict = Verdict.from_json(body.get("verdict"))
-        if verdict is None or not _valid_files(files) or not _valid_answers(answers):
+        if verdict is None or not _valid_files(files) or not valid_answers(answers):
             return None
         return Stored(verdict, files, answers)
 
@@ -236,7 +248,7 @@ class Stored:
     answers: dict[str, bool]
 
 
-def _valid_answers(answers: Any) -> TypeGuard[dict[str, bool]]:
+def valid_answers(answers: Any) -> TypeGuard[dict[str, bool]]:
     return isinstance(answers, dict) and all(
         isinstance(key, str) and isinstance(value, bool)
         for key, value in answers.items()
@@ -290,25 +302,65 @@ def verdict_cache(chosen: str | None, sources: SourceReader) -> VerdictCache | N
     return VerdictCache(directory, scope=vllm[0])
 
 
-def judged(patch: Judged, sources: SourceReader, cache: VerdictCache | None) -> Verdict:
+#: Where a verdict came from: this user's kept verdicts, the table this package
+#: ships, or vLLM's source read now.
+Origin = Literal["kept", "shipped", "judged"]
+
+
+def judged(
+    patch: Judged,
+    sources: SourceReader,
+    cache: VerdictCache | None,
+    shipped: ShippedVerdicts | None = None,
+) -> Verdict:
+    """The patch's verdict (see :func:`judged_with_origin`)."""
+    return judged_with_origin(patch, sources, cache, shipped)[0]
+
+
+def judged_with_origin(
+    patch: Judged,
+    sources: SourceReader,
+    cache: VerdictCache | None,
+    shipped: ShippedVerdicts | None = None,
+) -> tuple[Verdict, Origin]:
     """The patch's verdict from ``cache`` where every file it read is unchanged,
-    else judged now (and kept)."""
+    else from ``shipped`` where this release's files are those it was judged
+    on, else judged now; kept in ``cache`` unless it came from there."""
     if not type(patch).__module__.startswith(VERDICT_RULES):
-        cache = None  # its rules are not among those the cache knows
+        cache = shipped = None  # its rules are not among those the caches know
     if cache is not None:
         stored = cache.load(patch.id)
-        if stored is not None and all(
-            question_module(key) in stored.files for key in stored.answers
-        ):
+        if stored is not None and _answers_cover(stored.answers, stored.files):
             current = {module: sources.identity(module) for module in stored.files}
             if matches(stored.files, current):
                 # The hooks ask these again when they bind, in the process that
                 # imports the runner.
                 sources.know(stored.answers)
-                return stored.verdict
+                return stored.verdict, "kept"
+    found = None if shipped is None else shipped.find(patch.id, sources)
+    origin: Origin
+    if found is not None and _answers_cover(found.answers, found.files):
+        sources.know(found.answers)
+        verdict, modules, answers = found.verdict, set(found.files), found.answers
+        origin = "shipped"
+    else:
+        verdict, modules, answers = judge_recorded(patch, sources)
+        origin = "judged"
+    if cache is not None:
+        files = {m: sources.identity(m) for m in sorted(modules)}
+        cache.store(patch.id, verdict, files, answers)
+    return verdict, origin
+
+
+def judge_recorded(
+    patch: Judged, sources: SourceReader
+) -> tuple[Verdict, set[str], dict[str, bool]]:
+    """The patch judged now, with the modules it read and the answers it got."""
     with sources.recording() as reading:
         verdict = patch.judge(sources)
-    if cache is not None:
-        files = {m: sources.identity(m) for m in sorted(reading.modules)}
-        cache.store(patch.id, verdict, files, reading.answers)
-    return verdict
+    return verdict, reading.modules, reading.answers
+
+
+def _answers_cover(answers: Mapping[str, bool], files: Mapping[str, Any]) -> bool:
+    """Whether every answer is about a module whose identity was recorded."""
+    return all(question_module(key) in files for key in answers)

@@ -171,14 +171,14 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-#: vLLM names its IPC sockets ``$TMPDIR/<uuid4>``; a socket path holds 107 bytes.
-IPC_NAME_ROOM = 107 - len("/00000000-0000-0000-0000-000000000000")
 SERVER_TEMP_DIRS: list[Path] = []
 
 
 def server_temp_dir(workdir: Path) -> Path:
     """The server's ``TMPDIR``: inside the demo's directory where vLLM's socket
     names fit, else a short one of its own; removed with the demo's."""
+    from vllm_graphsafe.local_engine.launcher import IPC_NAME_ROOM
+
     inside = workdir / "tmp"
     if len(str(inside)) <= IPC_NAME_ROOM:
         inside.mkdir()

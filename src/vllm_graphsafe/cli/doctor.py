@@ -137,6 +137,9 @@ def collect_report(
                 "title": patch.title,
                 "state": patch.state.value if patch.state else None,
                 "reason": patch.reason,
+                # kept (this user's cache), shipped (this package's table for
+                # the release's exact files) or judged (vLLM's source read now)
+                "verdict": patch.verdict_origin,
                 "wrapped": patch.is_wrapped(),
                 "upstream": list(patch.upstream),
                 "tested_against": list(patch.tested_against),

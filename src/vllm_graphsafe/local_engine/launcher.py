@@ -2,16 +2,22 @@
 
 Shared by the demo, the engine tests and the end-to-end benchmark. The server
 runs in its own process group on loopback and logs to a file, whose tail is
-shown when it fails to start.
+shown when it fails to start. Its temporary files (vLLM's IPC sockets and
+distributed rendezvous files, which it leaves behind when it is stopped) go to
+a folder of its own, removed once every process of the server has ended;
+torch's compiled-kernel cache stays where it would have been.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -60,6 +66,8 @@ class LocalServer:
     log_path: Path
     #: The environment the server was started with, where it is known.
     env: Mapping[str, str] | None
+    #: The server's own temporary folder (its ``TMPDIR``), removed by :meth:`stop`.
+    temp_dir: Path | None = None
 
     def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
         """The server's command as a shell line that starts it again."""
@@ -117,6 +125,8 @@ class LocalServer:
                 killed = True
                 deadline = time.monotonic() + 10
             time.sleep(0.2)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def shell_line(
@@ -165,17 +175,66 @@ def start_server(
         *extra_args,
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command,
-            env=dict(env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return LocalServer(
-        f"http://127.0.0.1:{port}", str(model_dir), process, log_path, dict(env)
+    temp_dir = private_temp_dir(env)
+    child_env = (
+        dict(env) if temp_dir is None else server_temp_environment(env, temp_dir)
     )
+    try:
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command,
+                env=child_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except BaseException:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    return LocalServer(
+        f"http://127.0.0.1:{port}",
+        str(model_dir),
+        process,
+        log_path,
+        dict(env),
+        temp_dir,
+    )
+
+
+#: vLLM names its IPC sockets ``$TMPDIR/<uuid4>``; a socket path holds 107 bytes.
+IPC_NAME_ROOM = 107 - len("/00000000-0000-0000-0000-000000000000")
+
+
+def private_temp_dir(env: Mapping[str, str]) -> Path | None:
+    """A new folder for the server's temporary files, inside the temporary
+    folder it would use; None where ``env`` names a ``TMPDIR`` of its own for
+    the server (the caller keeps that), or vLLM's socket names would not fit."""
+    chosen = env.get("TMPDIR")
+    default = tempfile.gettempdir()
+    if chosen and os.path.realpath(chosen) != os.path.realpath(default):
+        return None
+    if len(os.path.join(default, "graphsafe-server-xxxxxxxx")) > IPC_NAME_ROOM:
+        return None
+    return Path(tempfile.mkdtemp(prefix="graphsafe-server-", dir=default))
+
+
+def server_temp_environment(env: Mapping[str, str], temp_dir: Path) -> dict[str, str]:
+    """``env`` with the server's temporary files in ``temp_dir``, and torch's
+    kernel cache where it would be without it (so start-ups keep reusing it)."""
+    inductor = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": inductor,
+        **env,
+        "TMPDIR": str(temp_dir),
+    }
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 @contextmanager

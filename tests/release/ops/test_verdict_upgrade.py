@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 V1 = "v1-phase-dispatch"
 
 
-def doctor_states(tree: Path, cache: Path) -> dict[str, str]:
+def doctor_report(tree: Path, cache: Path) -> list[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHSAFE_")} | {
         "GRAPHSAFE_CACHE_DIR": str(cache),
         "PYTHONPATH": os.pathsep.join((str(tree), str(REPO / "src"))),
@@ -36,7 +36,12 @@ def doctor_states(tree: Path, cache: Path) -> dict[str, str]:
     )
     report = json.loads(result.stdout)
     assert all(p["reason"] for p in report["patches"])
-    return {patch["id"]: patch["state"] for patch in report["patches"]}
+    patches: list[dict[str, str]] = report["patches"]
+    return patches
+
+
+def doctor_states(tree: Path, cache: Path) -> dict[str, str]:
+    return {patch["id"]: patch["state"] for patch in doctor_report(tree, cache)}
 
 
 def test_doctor_tells_the_truth_after_an_in_place_upgrade(
@@ -46,7 +51,9 @@ def test_doctor_tells_the_truth_after_an_in_place_upgrade(
     before = doctor_states(tree, cache)
     assert before[V1] == "applied"
     assert any(cache.iterdir()), "doctor kept no verdict"
-    assert doctor_states(tree, cache) == before, "a kept verdict changed the answer"
+    kept = doctor_report(tree, cache)
+    assert {p["id"]: p["state"] for p in kept} == before, "a kept verdict changed it"
+    assert {p["verdict"] for p in kept} == {"kept"}
 
     edits = backport(tree, [V1]).edited
     assert edits
@@ -54,8 +61,9 @@ def test_doctor_tells_the_truth_after_an_in_place_upgrade(
         (tree / relpath).parent.mkdir(parents=True, exist_ok=True)
         (tree / relpath).write_text(text)
 
-    after = doctor_states(tree, cache)
-    assert after[V1] == "native", after
-    assert {k: v for k, v in after.items() if k != V1} == {
+    upgraded = {p["id"]: p for p in doctor_report(tree, cache)}
+    assert upgraded[V1]["state"] == "native", upgraded[V1]
+    assert upgraded[V1]["verdict"] == "judged", "a verdict of the old files was used"
+    assert {k: p["state"] for k, p in upgraded.items() if k != V1} == {
         k: v for k, v in before.items() if k != V1
     }

@@ -118,7 +118,7 @@ def test_the_printed_server_command_pasted_into_a_shell_runs_the_same(
         tmp_path / "model", env=env, log_path=tmp_path / "log", port=1
     )
     server.process.kill()
-    server.process.wait()
+    server.stop()
     line = server.command_line(caller)
     # What the server was given, as the demo prints it: the CPU settings too.
     assert "VLLM_CPU_KVCACHE_SPACE=1" in line
