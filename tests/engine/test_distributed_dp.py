@@ -116,6 +116,20 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.25)
 
 
+def wait_until_steps_settle(step_dir: Path, quiet_s: float = 1.0) -> None:
+    """Return once no rank has recorded a step for ``quiet_s``: a step still
+    running at the stop would be counted by the plugin (at its dispatch) but
+    never written by the recorder (at its end)."""
+    deadline = time.monotonic() + DECODE_TIMEOUT_S
+    recorded, since = -1, time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the ranks kept stepping after the load"
+        now = sum(len(w["steps"]) for w in recorded_ranks(step_dir).values())
+        if now != recorded:
+            recorded, since = now, time.monotonic()
+        time.sleep(0.1)
+
+
 def server_env(workdir: Path, plugin: bool) -> dict[str, str]:
     stats_dir = str(workdir / "stats")
     overrides = {
@@ -154,6 +168,7 @@ def serve_data_parallel(
             raise AssertionError(str(error)) from error
         startup_s = time.monotonic() - started
         paired, sent = drive_ranks(server, step_dir)
+        wait_until_steps_settle(step_dir)
     finally:
         server.stop(signal.SIGTERM)
     assert not local.live_group_members(server.process.pid)

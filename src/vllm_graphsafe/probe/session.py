@@ -74,6 +74,9 @@ DECODE_PROMPT_ROOM = 32
 #: Without a stated max_model_len, the long decode may run to this many times
 #: --decode-tokens.
 UNKNOWN_CONTEXT_DECODE_FACTOR = 16
+#: Decodes with inserts tried before the ongoing-decode check is given up: a
+#: loaded server can stream the whole decode before it answers an inserted prompt.
+DECODE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class ProbeSession:
         self.prompts: dict[int, list[int]] = {}
         self.decode_tokens = state.settings.decode_tokens
         self.decode_limit = self.decode_tokens * UNKNOWN_CONTEXT_DECODE_FACTOR
+        #: Decodes with inserts run in this probe (see ``DECODE_ATTEMPTS``).
+        self.decode_attempts = 0
         self._samples_lock = threading.Lock()
 
     @property
@@ -425,9 +430,11 @@ class ProbeSession:
         if streamed >= self.decode_limit:
             context = self.state.model.max_model_len if self.state.model else None
             limit = f"max_model_len {context}" if context else "the probe"
+            tries = self.decode_attempts
             return (
                 f"the decode reached its limit of {self.decode_limit} tokens (set by "
                 f"{limit}) before any inserted prompt was answered"
+                + (f", in each of {tries} tries" if tries > 1 else "")
             )
         ending = run.decode.finish_reason or "no reason given"
         return (
@@ -445,6 +452,14 @@ class ProbeSession:
             outputs = self.run_together(group)
             checks.append(check_concurrent(group, outputs, cold, "sent together"))
         perturbed = self.run_decode_with_inserts()
+        self.decode_attempts = 1
+        while (
+            not perturbed.overlapped
+            and perturbed.streamed >= self.decode_limit
+            and self.decode_attempts < DECODE_ATTEMPTS
+        ):
+            perturbed = self.run_decode_with_inserts()
+            self.decode_attempts += 1
         try:
             # As long as the perturbed stream ran: greedy, so its prefix repeats.
             solo_tokens = max(perturbed.streamed, 1)

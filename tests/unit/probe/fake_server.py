@@ -57,6 +57,9 @@ class FakeConfig:
     # Seconds each completion that is not streamed takes to answer once a
     # streamed one has been asked for (the prompts inserted into the decode).
     answer_delay_s: float = 0.0
+    # Only while the first this many streams have been asked for (0: always),
+    # as a loaded server that catches up.
+    slow_answers_for_streams: int = 0
     # Not vLLM at all: a plain web server answering every path with a 404 page.
     plain_web_server: bool = False
     # Like ``vllm serve --api-key``: every /v1 path wants this bearer token.
@@ -317,7 +320,11 @@ class FakeHandler(BaseHTTPRequestHandler):
             in_stream_at_arrival = self.fake.streams_sending() > 0
             if config.corrupt_overlapping:
                 time.sleep(config.overlap_window_s)
-            if self.fake.streams_asked():
+            streams = self.fake.streams_asked()
+            if streams and (
+                not config.slow_answers_for_streams
+                or streams <= config.slow_answers_for_streams
+            ):
                 time.sleep(config.answer_delay_s)
             ids = self.fake.answer(prompt, body["max_tokens"], warm)
             self.fake.log.inside_a_stream.append(

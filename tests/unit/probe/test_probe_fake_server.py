@@ -197,7 +197,26 @@ def test_a_decode_the_context_cannot_stretch_makes_the_probe_incomplete(
         "The ongoing_decode check could not run",
         "limit of 38 tokens",
         "max_model_len 70",
+        "in each of 3 tries",
     )
+
+
+def test_a_decode_that_ran_out_before_any_answer_is_tried_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The first decode (38 tokens at once) ends before the slow first answer; a
+    # loaded server catches up: during the second decode answers come at once.
+    config = FakeConfig(
+        max_model_len=70,
+        stream_token_delay_s=0.002,
+        answer_delay_s=0.2,
+        slow_answers_for_streams=1,
+    )
+    result, server = probe_fake(capsys, tmp_path, config)
+
+    assert result.status == errors.EXIT_OK, result.stdout + result.stderr
+    assert set(result.statuses("ongoing_decode").values()) == {"pass"}
+    assert any(inside for _, inside in server.log.inside_a_stream)
 
 
 def test_vocab_size_option_skips_the_discovery_request(
