@@ -35,11 +35,13 @@ from vllm_graphsafe.shipped_verdicts import (  # noqa: E402
 CHILD = """
 import json
 from vllm_graphsafe import shipped_verdicts as s
+from vllm_graphsafe.fixes import all_patches
 release = s.installed_release()
 if release is None:
     raise SystemExit("no vLLM distribution is installed")
+judged = s.judge_installed(release, all_patches())
 print(json.dumps({"rules": s.rules_digest(), "release": release,
-                  "verdicts": [v.to_json() for v in s.judge_installed(release)]}))
+                  "verdicts": [v.to_json() for v in judged]}))
 """
 
 

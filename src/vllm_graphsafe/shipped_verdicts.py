@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import vllm_graphsafe
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import CACHE_OFF, Verdict, rule_files, valid_answers
+from vllm_graphsafe.verdicts import (
+    CACHE_OFF,
+    Judged,
+    Verdict,
+    judge_recorded,
+    rule_files,
+    valid_answers,
+)
 
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
 SHIPPED_FILE = _PACKAGE / "data" / "verdicts.json"
@@ -160,13 +168,10 @@ def installed_release() -> str | None:
     return None
 
 
-def judge_installed(release: str) -> list[ShippedVerdict]:
-    """Every fix judged now from the installed vLLM's source, as shipped."""
-    from vllm_graphsafe.fixes import all_patches
-    from vllm_graphsafe.verdicts import judge_recorded
-
+def judge_installed(release: str, patches: Iterable[Judged]) -> list[ShippedVerdict]:
+    """``patches`` (every fix's) judged now from the installed vLLM's source."""
     judged = []
-    for patch in all_patches():
+    for patch in patches:
         sources = SourceReader()
         verdict, modules, answers = judge_recorded(patch, sources)
         files = {}

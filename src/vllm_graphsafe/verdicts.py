@@ -34,7 +34,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
+from typing import Any, Literal, Protocol, TypeGuard
 
 import vllm_graphsafe
 from vllm_graphsafe.counts.private_files import (
@@ -43,9 +43,6 @@ from vllm_graphsafe.counts.private_files import (
     write_private_file,
 )
 from vllm_graphsafe.sources import SourceReader, question_module
-
-if TYPE_CHECKING:
-    from vllm_graphsafe.shipped_verdicts import ShippedVerdicts
 
 CACHE_OFF = frozenset({"off", "none", "0"})
 #: Largest entry read back; a real one is well under 4 kB.
@@ -305,6 +302,23 @@ def verdict_cache(chosen: str | None, sources: SourceReader) -> VerdictCache | N
 #: Where a verdict came from: this user's kept verdicts, the table this package
 #: ships, or vLLM's source read now.
 Origin = Literal["kept", "shipped", "judged"]
+
+
+class ShippedVerdict(Protocol):
+    """A verdict judged elsewhere on files with these same bytes."""
+
+    @property
+    def verdict(self) -> Verdict: ...
+    @property
+    def files(self) -> Mapping[str, Any]: ...
+    @property
+    def answers(self) -> Mapping[str, bool]: ...
+
+
+class ShippedVerdicts(Protocol):
+    """Verdicts shipped with the package (:mod:`vllm_graphsafe.shipped_verdicts`)."""
+
+    def find(self, patch_id: str, sources: SourceReader) -> ShippedVerdict | None: ...
 
 
 def judged(

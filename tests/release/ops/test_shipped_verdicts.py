@@ -28,7 +28,7 @@ def installed_shipped() -> tuple[str, list[shipped_verdicts.ShippedVerdict]]:
 
 def test_each_shipped_verdict_is_what_the_installed_source_gives() -> None:
     release, shipped = installed_shipped()
-    judged_now = shipped_verdicts.judge_installed(release)
+    judged_now = shipped_verdicts.judge_installed(release, all_patches())
     assert sorted(shipped, key=lambda v: v.patch) == sorted(
         judged_now, key=lambda v: v.patch
     )

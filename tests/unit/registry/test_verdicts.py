@@ -226,7 +226,7 @@ def shipped_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def ship(table: Path, **changes: object) -> None:
     """Judge the release now on ``sys.path`` and ship its verdicts in ``table``."""
-    judged = shipped_verdicts.judge_installed("vllm==test")
+    judged = shipped_verdicts.judge_installed("vllm==test", all_patches())
     document = shipped_verdicts.table(judged, shipped_verdicts.rules_digest())
     table.write_text(json.dumps({**document, **changes}))
 
