@@ -55,6 +55,7 @@ Writes JSON to ``--out``; vLLM logs to stdout, so nothing else goes there.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import platform
@@ -62,6 +63,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +138,21 @@ def _v1_classify_only(
     return uniform_decode
 
 
-def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
+@dataclass(frozen=True)
+class V1Runners:
+    """The V1 runners the cases time: both run the cut copy of the dispatch,
+    one over vLLM's own shape rule, the other over what the patch's hook
+    factory makes of that rule; ``decodes`` are their persistent batch's rows,
+    every one past its prompt."""
+
+    shape: Any
+    phase: Any
+    decodes: list[Any]
+    #: A runner of the phase rule over other rows.
+    phase_over: Callable[[list[Any]], Any]
+
+
+def v1_runners() -> V1Runners:
     import numpy as np
 
     GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
@@ -156,8 +172,6 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
             f"{list(signature.parameters)}; update the benchmark's cut copy"
         )
 
-    # Both runners run the cut copy: one over vLLM's own shape rule, the other
-    # over what the patch's hook factory makes of that rule.
     # On the class, the rule is vLLM's static one whether or not the plugin
     # installed its own over it.
     shape_rule = GPUModelRunner._is_uniform_decode
@@ -186,7 +200,6 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
         made.__class__ = cls
         return made
 
-    # The persistent batch's rows, every one past its prompt.
     generator = np.random.default_rng(SEED)
     decodes = [
         Row(
@@ -201,9 +214,21 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
             strict=True,
         )
     ]
-    shape_runner = runner(shape_cls, decodes)
-    phase_runner = runner(phase_cls, decodes)
+    return V1Runners(
+        shape=runner(shape_cls, decodes),
+        phase=runner(phase_cls, decodes),
+        decodes=decodes,
+        phase_over=functools.partial(runner, phase_cls),
+    )
 
+
+def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
+    import numpy as np
+
+    from vllm_graphsafe.vllm_fakes.v1_runner import Row
+
+    runners = v1_runners()
+    decodes, shape_runner, phase_runner = runners.decodes, runners.shape, runners.phase
     cases: dict[int, dict[str, Step]] = {}
     for num_reqs in sizes:
         # The last scheduled row is a prompt chunk of 1 + K tokens.
@@ -215,7 +240,7 @@ def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
         cases[num_reqs] = {
             "v1.shape": _v1_step(shape_runner, scheduled),
             "v1.phase": _v1_step(phase_runner, scheduled),
-            "v1.phase_prefill": _v1_step(runner(phase_cls, with_prefill), scheduled),
+            "v1.phase_prefill": _v1_step(runners.phase_over(with_prefill), scheduled),
         }
         expected = {"v1.shape": True, "v1.phase": True, "v1.phase_prefill": False}
         for name, case in cases[num_reqs].items():

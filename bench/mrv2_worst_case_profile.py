@@ -21,10 +21,12 @@ import numpy as np
 from vllm_graphsafe.fixes.phase_rows import PrefillColumns
 
 MID_PREFILL = 64
+#: Calls per repeat (best of 7 repeats).
+CALLS = 2000
 
 
 def best_us(call: Callable[[], object]) -> float:
-    return min(timeit.repeat(call, number=2000, repeat=7)) / 2000 * 1e6
+    return min(timeit.repeat(call, number=CALLS, repeat=7)) / CALLS * 1e6
 
 
 def profile(scheduled_count: int) -> dict[str, float]:

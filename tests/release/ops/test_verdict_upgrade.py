@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from vllm_graphsafe.backport import backport
 
@@ -67,3 +68,52 @@ def test_doctor_tells_the_truth_after_an_in_place_upgrade(
     assert {k: p["state"] for k, p in upgraded.items() if k != V1} == {
         k: v for k, v in before.items() if k != V1
     }
+
+
+#: A process that loads the plugin as vLLM does; prints each patch's verdict
+#: origin and the modules it parsed (whole or in pieces).
+REGISTER = """
+import json
+import vllm_graphsafe.plugin as plugin
+plugin.register()
+patches = plugin.registry().patches
+readers = [p._source_reader for p in patches if p._source_reader is not None]
+print(json.dumps({
+    "verdicts": {p.id: p.verdict_origin for p in patches},
+    "parsed": sorted({m for r in readers for m in (*r._trees, *r.pieces_parsed)}),
+}))
+"""
+
+
+def registered_process(tree: Path, cache: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHSAFE_")} | {
+        "GRAPHSAFE_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join((str(tree), str(REPO / "src"))),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", REGISTER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    found: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    return found
+
+
+def test_after_one_doctor_run_a_forks_serving_process_parses_nothing(
+    tree_copy: Callable[[], Path], tmp_path: Path
+) -> None:
+    tree, cache = tree_copy(), tmp_path / "verdicts"
+    for relpath, text in backport(tree, [V1]).edited.items():
+        (tree / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tree / relpath).write_text(text)
+    first = registered_process(tree, tmp_path / "another-cache")
+    assert first["verdicts"][V1] == "judged", "an edited tree matched a shipped verdict"
+    assert first["parsed"], "a judged verdict read no vLLM source"
+
+    assert doctor_states(tree, cache)[V1] == "native"
+    served = registered_process(tree, cache)
+    assert set(served["verdicts"].values()) == {"kept"}, served
+    assert served["parsed"] == []
