@@ -202,11 +202,7 @@ class SourceReader:
         *owners, leaf = qualname.split(".")
         if outline is None or len(owners) > 1:
             return _UNSURE
-        if owners:
-            owner = outline.top_level_definition("class", owners[0])
-            span = None if owner is None else outline.member_definition(owner, leaf)
-        else:
-            span = outline.top_level_definition("def", leaf)
+        span = _definition_span(outline, qualname)
         if span is None:
             return None
         statements = self._parse(outline, module, span)
@@ -218,6 +214,18 @@ class SourceReader:
         ):
             return _UNSURE
         return statements[0]
+
+    def mentions(self, module: str, qualname: str, word: str) -> bool | None:
+        """Whether the text of the ``def`` of ``qualname`` (decorators
+        included) holds ``word`` as a whole word, in code, strings or comments.
+        False: no code of the def names ``word``, so a question about its uses
+        is answered without parsing the def. None where there is no such def or
+        the outline cannot tell (the caller parses the def instead)."""
+        outline = self._searchable(module)
+        if outline is None or qualname.count(".") > 1:
+            return None
+        span = _definition_span(outline, qualname)
+        return None if span is None else outline.names(span, word)
 
     def function(self, module: str, qualname: str) -> str | None:
         """Source text of the ``def`` of ``qualname``, decorators excluded."""
@@ -370,6 +378,16 @@ class SourceReader:
 
 #: A piece the outline could not place: the whole module is parsed instead.
 _UNSURE = object()
+
+
+def _definition_span(outline: Outline, qualname: str) -> Span | None:
+    """The lines of the first ``def`` of ``qualname`` (``Class.method`` or a
+    module-level name), decorators included; None where there is none."""
+    owner_name, _, leaf = qualname.rpartition(".")
+    if not owner_name:
+        return outline.top_level_definition("def", leaf)
+    owner = outline.top_level_definition("class", owner_name)
+    return None if owner is None else outline.member_definition(owner, leaf)
 
 
 @dataclass

@@ -42,6 +42,24 @@ def test_every_verdict_and_answer_matches_the_whole_parse() -> None:
     assert pieces.pieces_parsed, "no piece was parsed: nothing was judged"
 
 
+#: Words whose absence from a def spares parsing it (``SourceReader.mentions``).
+WORDS_THE_FIXES_SEEK = {
+    "num_computed_tokens_cpu",
+    "positions",
+    "gather_batch_req_state",
+    "get_uniform_decode_token_count",
+    "_get_uniform_decode_token_count",
+}
+
+
+def names_used(node: ast.AST) -> set[str]:
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name | ast.Attribute)
+    }
+
+
 def modules_the_fixes_read() -> list[str]:
     reader = WholeModuleReader()
     with reader.recording() as reading:
@@ -81,4 +99,6 @@ def test_every_definition_of_a_module_read_is_found_as_parsed(module: str) -> No
             assert ast.dump(piece, include_attributes=True) == ast.dump(
                 expected_node, include_attributes=True
             ), qualname
+            for word in names_used(expected_node) & WORDS_THE_FIXES_SEEK:
+                assert pieces.mentions(module, qualname, word) is True, (qualname, word)
     assert pieces._trees == {}, f"{module} was parsed whole"

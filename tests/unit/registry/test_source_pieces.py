@@ -281,3 +281,59 @@ def test_a_module_that_does_not_parse_answers_nothing(tmp_path: Path) -> None:
     reader = reader_for(tmp_path, 'def f():\n    return "unterminated\n')
     assert reader.function_node(MODULE, "f") is None
     assert reader.defines(MODULE, "f") is False
+
+
+def test_a_def_mentions_every_name_its_code_uses_without_being_parsed(
+    tmp_path: Path,
+) -> None:
+    """``mentions`` may only say False of a word no code of the def names (the
+    fixes then skip parsing it): checked against each def's whole-parse node."""
+    tree = ast.parse(TRICKY)
+    reader = reader_for(tmp_path, TRICKY)
+    checked = 0
+    for qualname in qualnames_in(tree):
+        whole = recognition.find_function(tree, qualname)
+        if whole is None:
+            assert reader.mentions(MODULE, qualname, "self") is None, qualname
+            continue
+        named = set(names_in(ast.Module([whole], []))) - {"self", "absent_everywhere"}
+        named |= {n.id for n in ast.walk(whole) if isinstance(n, ast.Name)}
+        for word in named:
+            assert reader.mentions(MODULE, qualname, word) is True, (qualname, word)
+            checked += 1
+        assert reader.mentions(MODULE, qualname, "absent_everywhere") is False
+    assert checked > 50
+    assert reader._trees == {} and reader.pieces_parsed == {}, "a def was parsed"
+
+
+def test_a_word_only_in_the_next_method_is_not_mentioned(tmp_path: Path) -> None:
+    text = (
+        "class Runner:\n"
+        "    def first(self):\n"
+        "        return self.alpha\n"
+        "    # a comment between\n"
+        "    @staticmethod\n"
+        "    def second():\n"
+        "        return beta\n"
+    )
+    reader = reader_for(tmp_path, text)
+    assert reader.mentions(MODULE, "Runner.first", "alpha") is True
+    assert reader.mentions(MODULE, "Runner.first", "beta") is False
+    assert reader.mentions(MODULE, "Runner.first", "staticmethod") is False
+    assert reader.mentions(MODULE, "Runner.second", "staticmethod") is True
+    assert reader.mentions(MODULE, "Runner.second", "alpha") is False
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def caller():\n    return \uff43ompute(1)\n",  # read as "compute"
+        "def caller():\n\treturn compute(1)\n",  # tab indentation
+    ],
+    ids=["beyond-ascii", "tab-indented"],
+)
+def test_mentions_does_not_answer_where_a_search_could_miss(
+    tmp_path: Path, text: str
+) -> None:
+    reader = reader_for(tmp_path, text)
+    assert reader.mentions(MODULE, "caller", "compute") is None

@@ -442,6 +442,11 @@ bind_draft_count_pre_step = _phase_aware_count(
 
 def native_reason(sources: SourceReader) -> str | None:
     """``execute_model`` calls upstream's phase-aware classification."""
+    if all(
+        sources.mentions(RUNNER_MODULE, RUNNER_STEP, marker) is False
+        for marker in _NATIVE_MARKERS
+    ):
+        return None  # names none of them: not parsed
     node = sources.function_node(RUNNER_MODULE, RUNNER_STEP)
     if node is None:
         return None

@@ -234,6 +234,10 @@ def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..
     return staged_metadata_build
 
 
+#: What upstream's fix stores into for the dummy rows: computed lengths, positions.
+_STAGED_COLUMNS = ("num_computed_tokens_cpu", "positions")
+
+
 def native_reason(sources: SourceReader) -> str | None:
     """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
     dummy_run = sources.function_node(RUNNER_MODULE, DUMMY_RUN)
@@ -243,11 +247,15 @@ def native_reason(sources: SourceReader) -> str | None:
         f"GPUModelRunner.{name}" for name in recognition.self_methods_called(dummy_run)
     ]
     for qualname in candidates:
+        if any(
+            sources.mentions(RUNNER_MODULE, qualname, column) is False
+            for column in _STAGED_COLUMNS
+        ):
+            continue  # stores into neither column: not parsed
         node = sources.function_node(RUNNER_MODULE, qualname)
-        if (
-            node is not None
-            and recognition.stores_into_subscript_of(node, "num_computed_tokens_cpu")
-            and recognition.stores_into_subscript_of(node, "positions")
+        if node is not None and all(
+            recognition.stores_into_subscript_of(node, column)
+            for column in _STAGED_COLUMNS
         ):
             return f"{qualname} stages computed lengths and positions"
     return None
