@@ -251,7 +251,7 @@ def native_reason(sources: SourceReader) -> str | None:
             sources.mentions(RUNNER_MODULE, qualname, column) is False
             for column in _STAGED_COLUMNS
         ):
-            continue  # stores into neither column: not parsed
+            continue  # cannot store into both columns: not parsed
         node = sources.function_node(RUNNER_MODULE, qualname)
         if node is not None and all(
             recognition.stores_into_subscript_of(node, column)
