@@ -43,6 +43,9 @@ Classification cost (benchmark 1)
     ``mrv2.native``  releases that classify by phase (0.28+), where the patch
                   stays inert: the ``max()`` and ``gather_batch_req_state``,
                   as ``execute_model`` runs them.
+    ``replay_*``  the replay guard beside the replay it guards, per replayed
+                  decode step (:mod:`bench.replay_guard_cost`), at the largest
+                  size only.
 
 The patches count their decisions as in a served process: into the counts
 page of two directories (the metrics directory and a statistics directory, on
@@ -70,6 +73,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make bench and tests importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import replay_guard_cost
 from bench.plugin_cost import import_vllm, time_register, time_runner_imports
 from bench.timing import interleaved_samples
 from vllm_graphsafe import vllm_layout
@@ -451,6 +455,18 @@ def measure_dispatch(
             continue
         for num_reqs, step_cases in built.items():
             cases[num_reqs].update(step_cases)
+    replay_reads: dict[str, Any] = {}
+    for family, replay_cases in (
+        ("replay_v1", replay_guard_cost.v1_cases),
+        ("replay_mrv2", replay_guard_cost.mrv2_cases),
+    ):
+        # The replay guard's cost does not depend on the batch size: timed at one.
+        try:
+            cases[sizes[-1]].update(replay_cases(unwrapped, fail_loudly))
+        except (ImportError, AttributeError) as error:
+            skipped[family] = f"{type(error).__name__}: {error}"
+    if not all(family in skipped for family in ("replay_v1", "replay_mrv2")):
+        replay_reads = replay_guard_cost.reads_per_replay(fail_loudly)
     # One round times every case at every size, so a noisy spell of the host
     # lands on all of them rather than on one batch size.
     flat = {
@@ -471,6 +487,7 @@ def measure_dispatch(
         "stale_rows": STALE_ROWS,
         "seconds_per_call": samples,
         "skipped": skipped,
+        "replay_reads": replay_reads,
     }
 
 

@@ -39,6 +39,8 @@ def series(
         for name, per_size in summary["cases"].items():
             if version != primary and name != "mrv2.native":
                 continue
+            if name.startswith("replay_"):
+                continue  # the replay guard's cost per replay, not a dispatch rule
             points = [
                 (int(size), row["us"]["median"], row["us"]["p10"], row["us"]["p90"])
                 for size, row in sorted(per_size.items(), key=lambda kv: int(kv[0]))

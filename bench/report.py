@@ -33,6 +33,7 @@ from bench.summaries import (
     GOAL_SIZES,
     MIN_E2E_REPETITIONS,
     SOAK_EVENTS,
+    check_goals,
     end_to_end_goals,
     resident_growth,
 )
@@ -91,7 +92,8 @@ def dispatch_markdown(results: dict[str, Any]) -> list[str]:
                 [
                     "… added / shape rule"
                     + (
-                        f" (goal <= {ADDED_SHARE_BUDGET} at {' and '.join(GOAL_SIZES)})"
+                        f" (goal <= x{ADDED_SHARE_BUDGET:.1f} at "
+                        f"{' and '.join(GOAL_SIZES)})"
                         if judged
                         else ""
                     )
@@ -483,14 +485,14 @@ SOAK = "soak.json"
 
 
 def load_results(path: Path, soak_path: Path | None = None) -> dict[str, Any]:
-    """results.json, with the soak's own file (default: beside it) merged in:
-    its record and its goals, as its run measured them."""
+    """results.json, with the soak's own file (default: beside it) merged in,
+    every goal judged by today's rules on what the runs measured (a run's
+    stored verdicts are those of the rules it ran under)."""
     results: dict[str, Any] = json.loads(path.read_text())
     soak_path = soak_path or path.with_name(SOAK)
     if soak_path.exists():
-        soak = json.loads(soak_path.read_text())
-        results["soak"] = soak
-        results.setdefault("goals", {}).update(soak["goals"])
+        results["soak"] = json.loads(soak_path.read_text())
+    results["goals"] = check_goals(results)
     return results
 
 

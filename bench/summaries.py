@@ -17,11 +17,16 @@ from vllm_graphsafe.fixes.phase_events import (
     UNIFORM_DECODE,
 )
 
-#: Per-step goal: what a phase rule adds to a step, as a share of what vLLM's
-#: own shape rule costs in the same rounds, at each of these batch sizes.
-ADDED_SHARE_BUDGET = 0.5
+#: Per-step goal: what a phase rule adds to a step may be up to what vLLM's own
+#: rule that it wraps costs in the same rounds (V1: the shape rule; MRV2 before
+#: 0.28: the shape-only count it replaces), at each of these batch sizes, in the
+#: typical and the worst case. One rule decides both ways: the paired median of
+#: the share at or under it is met, over it missed.
+ADDED_SHARE_BUDGET = 1.0
 GOAL_SIZES = ("256", "1024")
 PLUGIN_BUDGET_MS = 50.0
+#: A process that judges vLLM's source (a fork's first one): issue 34's goal.
+JUDGED_BUDGET_MS = 100.0
 #: Fewer repetitions (quick mode) only show that the servers run.
 MIN_E2E_REPETITIONS = 4
 
@@ -33,8 +38,24 @@ CASE_LABELS = {
     "mrv2.phase": "MRV2 phase rule (graphsafe), no row in prefill",
     "mrv2.phase_stale": "MRV2 phase rule (graphsafe), +64 unscheduled rows mid-prefill",
     "mrv2.native": "MRV2 native phase rule (vLLM 0.28+, gather_batch_req_state)",
+    "replay_v1.vllm": "V1 FULL replay call (vLLM's CUDAGraphWrapper)",
+    "replay_v1.guard": "V1 replay guard (graphsafe), 48 layers in 4 KV-cache groups",
+    "replay_v1.guard_worst": "V1 replay guard (graphsafe), 48 layers, 48 groups",
+    "replay_mrv2.vllm": "MRV2 FULL replay call (vLLM's run_fullgraph, from the step)",
+    "replay_mrv2.guard": "MRV2 replay guard (graphsafe), 48 layers in 4 groups",
 }
-BASELINE = {"v1": "v1.shape", "mrv2": "mrv2.shape"}
+BASELINE = {
+    "v1": "v1.shape",
+    "mrv2": "mrv2.shape",
+    "replay_v1": "replay_v1.vllm",
+    "replay_mrv2": "replay_mrv2.vllm",
+}
+#: The replay guard's cases, each beside its runner's own replay call.
+REPLAY_GUARD_CASES = (
+    ("replay_v1.guard", "V1", "48 layers in 4 KV-cache groups"),
+    ("replay_v1.guard_worst", "V1", "48 layers, each its own group (worst case)"),
+    ("replay_mrv2.guard", "MRV2", "48 layers in 4 KV-cache groups"),
+)
 #: The phase rule's typical and worst case, per runner.
 GOAL_CASES = {
     "v1": (("typical", "v1.phase"), ("worst", "v1.phase_prefill")),
@@ -72,7 +93,7 @@ def summarize_dispatch(worker: dict[str, Any]) -> dict[str, Any]:
                 )
             rows[size] = row
         cases[name] = rows
-    return {"cases": cases}
+    return {"cases": cases, "replay_reads": worker.get("replay_reads", {})}
 
 
 # -- benchmark 2 -----------------------------------------------------------------
@@ -189,7 +210,7 @@ def goal(
 
 
 def dispatch_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """Added cost per step <= ADDED_SHARE_BUDGET x vLLM's shape rule, where it runs.
+    """Added cost per step <= ADDED_SHARE_BUDGET x vLLM's own rule, where it runs.
 
     A runner whose phase cases were not measured on this release (MRV2 where
     vLLM classifies by phase itself, so the patch stays inert) has no goal.
@@ -209,7 +230,7 @@ def dispatch_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
                     f"{family.upper()} phase rule, {kind} case, {size} requests "
                     f"(vLLM {version}): added per step"
                 )
-                target = f"<= x{ADDED_SHARE_BUDGET} the shape rule"
+                target = f"<= x{ADDED_SHARE_BUDGET:.1f} the rule it wraps"
                 if row is None or size not in shape:
                     goals[key] = goal(
                         None,
@@ -227,7 +248,7 @@ def dispatch_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
                     f"to vLLM's shape rule at {shape[size]['us']['median']:.2f} µs: "
                     f"x{share['median']:.2f} of it "
                     f"[{share['p10']:.2f}…{share['p90']:.2f}], paired within "
-                    f"{row['us']['n']:.0f} rounds (goal <= x{ADDED_SHARE_BUDGET})",
+                    f"{row['us']['n']:.0f} rounds (goal <= x{ADDED_SHARE_BUDGET:.1f})",
                     row=(
                         measure,
                         f"x{share['median']:.2f} ({row['added_us']['median']:+.2f} µs "
@@ -235,6 +256,41 @@ def dispatch_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
                         target,
                     ),
                 )
+    return goals
+
+
+def replay_guard_goals(version: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The guard reads one count per KV-cache group on a replayed step; what
+    that adds to the replay call is reported beside it, raw µs too."""
+    goals: dict[str, Any] = {}
+    cases, reads = summary["cases"], summary.get("replay_reads", {})
+    for name, runner, shape in REPLAY_GUARD_CASES:
+        per_size = cases.get(name)
+        counted = reads.get(name)
+        if not per_size or counted is None:
+            continue
+        size, row = next(reversed(per_size.items()))
+        baseline = cases[BASELINE[name.split(".")[0]]][size]["us"]["median"]
+        met = counted["reads"] <= counted["groups"]
+        goals[f"replay_guard ({name}, {version})"] = goal(
+            met,
+            f"{CASE_LABELS[name]}: {counted['reads']} count reads for "
+            f"{counted['groups']} groups on a learned step; adds "
+            f"{row['added_us']['median']:+.2f} µs "
+            f"[{row['added_us']['p10']:+.2f}…{row['added_us']['p90']:+.2f}] to "
+            f"vLLM's replay call at {baseline:.2f} µs: "
+            f"x{row['added_share']['median']:.2f} of it, paired within "
+            f"{row['us']['n']:.0f} rounds",
+            row=(
+                f"{runner} replay guard, {shape} (vLLM {version}): added per "
+                "replayed decode step",
+                f"{counted['reads']} reads for {counted['groups']} groups; "
+                f"x{row['added_share']['median']:.2f} "
+                f"({row['added_us']['median']:+.2f} µs on vLLM's replay call, "
+                f"{baseline:.2f} µs)",
+                "one count read per KV-cache group",
+            ),
+        )
     return goals
 
 
@@ -324,7 +380,8 @@ VERDICT_ORIGINS = {
 
 
 def plugin_goal(summary: dict[str, Any]) -> dict[str, Any]:
-    """One budget for every process, wherever its verdicts came from."""
+    """50 ms for a process that finds its verdicts (kept or shipped), 100 ms for
+    one that judges vLLM's source (a fork's first process)."""
     own = summary.get("own_ms", summary["register_ms"])["median"]
     collector = summary.get("collector_ms", {"median": 0.0})["median"]
     added = sum(
@@ -334,17 +391,18 @@ def plugin_goal(summary: dict[str, Any]) -> dict[str, Any]:
     origin = summary.get("verdicts", "judged")
     when = VERDICT_ORIGINS.get(origin, f"verdicts {origin}")
     collector_note = f"; +{collector:.0f} ms collector pass" if collector >= 1 else ""
+    budget = JUDGED_BUDGET_MS if origin == "judged" else PLUGIN_BUDGET_MS
     return goal(
-        total < PLUGIN_BUDGET_MS,
+        total < budget,
         f"import + register() {own:.1f} ms (garbage collector passes inside it "
         f"{collector:.1f} ms, not counted), post-import wrapping {added:.1f} ms: "
-        f"{total:.1f} ms per process (budget {PLUGIN_BUDGET_MS:.0f} ms, n="
+        f"{total:.1f} ms per process (budget {budget:.0f} ms, n="
         f"{summary['register_ms']['n']:.0f})",
         row=(
             f"plugin import + register + post-import wrapping, {when} "
             f"(vLLM {summary['vllm']})",
             f"{total:.1f} ms (n={summary['register_ms']['n']:.0f}{collector_note})",
-            f"< {PLUGIN_BUDGET_MS:.0f} ms",
+            f"< {budget:.0f} ms",
         ),
     )
 
@@ -468,6 +526,7 @@ def check_goals(results: dict[str, Any]) -> dict[str, Any]:
     dispatch = results.get("dispatch_cost", {}).get("summary", {})
     for version, summary in dispatch.items():
         goals.update(dispatch_goals(version, summary))
+        goals.update(replay_guard_goals(version, summary))
     for key, summary in results.get("plugin_cost", {}).get("summary", {}).items():
         if summary["context"] != "process" or summary["bytecode"] != "cached":
             continue

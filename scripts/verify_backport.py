@@ -188,7 +188,7 @@ def verify(venv: Path, workdir: Path, fork: Path | None = None) -> Checks:
     changed = [
         line.removeprefix("+++ b/")
         for line in diff.stdout.splitlines()
-        if line.startswith("+++ b/")
+        if line.startswith("+++ b/") and line.endswith(".py")
     ]
     ruff = find_ruff(REPO)
     if ruff is None:
@@ -201,7 +201,11 @@ def verify(venv: Path, workdir: Path, fork: Path | None = None) -> Checks:
             not added, "ruff with vLLM's rules finds nothing new", "; ".join(added)
         )
 
-    tests = [path for path in changed if path.startswith("tests/")]
+    tests = [
+        path
+        for path in changed
+        if path.startswith("tests/") and Path(path).name.startswith("test_")
+    ]
     for path in tests:
         (pristine / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(edited / path, pristine / path)

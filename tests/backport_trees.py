@@ -10,6 +10,7 @@ edited: a session copy stays pristine, each test that edits gets its own copy.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +54,37 @@ def tree_copy(
     def make() -> Path:
         root = tmp_path_factory.mktemp("tree")
         copy_package(pristine_tree / "vllm", root)
+        return root
+
+    return make
+
+
+def copy_sources(package: Path, tree_root: Path) -> Path:
+    """Copy the Python files of ``package`` (an installed ``vllm/``) to
+    ``tree_root/vllm``: a tree without compiled libraries, as a checkout that
+    was never built, and quick to put under git."""
+    return Path(
+        shutil.copytree(
+            package,
+            tree_root / "vllm",
+            ignore=lambda directory, names: [
+                name
+                for name in names
+                if not name.endswith(".py") and not (Path(directory) / name).is_dir()
+            ],
+        )
+    )
+
+
+@pytest.fixture
+def source_tree_copy(
+    release_package: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[], Path]:
+    """Make a fresh Python-only copy of the installed release (one per call)."""
+
+    def make() -> Path:
+        root = tmp_path_factory.mktemp("source-tree")
+        copy_sources(release_package, root)
         return root
 
     return make

@@ -221,6 +221,10 @@ class Outline:
         for found in _at_indent(indent).finditer(text, start, stop):
             yield bisect.bisect_right(starts, found.start() + 1) - 1
 
+    def line_start(self, line: int) -> int:
+        """The offset of ``line``'s first character."""
+        return self._line_starts[line]
+
     def line_of(self, offset: int) -> int:
         return bisect.bisect_right(self._line_starts, offset) - 1
 

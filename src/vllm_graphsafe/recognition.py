@@ -87,11 +87,47 @@ def module_binds(tree: ast.Module, name: str) -> bool:
                 bound = alias.asname or alias.name.split(".")[0]
                 if bound == name:
                     return True
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if any(isinstance(t, ast.Name) and t.id == name for t in _flatten(targets)):
                 return True
+        elif isinstance(node, ast.For | ast.AsyncFor) and any(
+            isinstance(t, ast.Name) and t.id == name for t in _flatten([node.target])
+        ):
+            return True
     return False
+
+
+def binding_statement(body: Iterable[ast.stmt], name: str) -> ast.stmt | None:
+    """The first statement of ``body`` that binds ``name`` when it runs: a def,
+    class, import or assignment, or one inside an ``if``, ``try`` or ``with``
+    there (an ``if TYPE_CHECKING:`` body binds nothing at run time)."""
+    for node in body:
+        inner: list[ast.stmt] = []
+        if isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                inner += node.body
+            inner += node.orelse
+        elif isinstance(node, ast.Try):
+            inner += node.body
+            for handler in node.handlers:
+                inner += handler.body
+            inner += node.orelse + node.finalbody
+        elif isinstance(node, ast.With):
+            inner += node.body
+        elif module_binds(ast.Module([node], []), name):
+            return node
+        if inner:
+            found = binding_statement(inner, name)
+            if found is not None:
+                return found
+    return None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def parameter_names(function: FunctionNode) -> list[str]:

@@ -23,18 +23,39 @@ answer. Strict mode re-raises instead.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import wrapt
 
-from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.judgement import (
+    BEHAVIOUR,
+    Evidence,
+    by_reading,
+    settled,
+)
+from vllm_graphsafe.hook_points import (
+    ORIGINAL_MARK,
+    REPLACEMENT_MARK,
+    Factory,
+    HookPoint,
+    OnFailure,
+    ReplaceHook,
+    Requirement,
+    SetsAttribute,
+    SourceCheck,
+    TakesParameters,
+    WrapHook,
+    Wrapper,
+    is_hooked,
+    original_of,
+    unhooked,
+)
 from vllm_graphsafe.settings import DISABLE_ENV, Settings, read_settings
 from vllm_graphsafe.shipped_verdicts import shipped_verdicts
 from vllm_graphsafe.sources import SourceReader
@@ -46,24 +67,29 @@ from vllm_graphsafe.verdicts import (
     verdict_cache,
 )
 
-__all__ = ["SourceReader", "judged", "verdict_cache"]  # found here by callers
+# Found here by callers (hooks, tests) as before the hook points had a module.
+__all__ = [
+    "ORIGINAL_MARK",
+    "REPLACEMENT_MARK",
+    "Factory",
+    "HookPoint",
+    "OnFailure",
+    "ReplaceHook",
+    "Requirement",
+    "SetsAttribute",
+    "SourceCheck",
+    "SourceReader",
+    "TakesParameters",
+    "WrapHook",
+    "Wrapper",
+    "is_hooked",
+    "judged",
+    "original_of",
+    "unhooked",
+    "verdict_cache",
+]
 
 logger = logging.getLogger("vllm.graphsafe")
-
-#: ``on_failure(error, reading)``: a hook's own code failed while reading ``reading``.
-OnFailure = Callable[[BaseException, str], None]
-#: ``wrapper(wrapped, instance, args, kwargs, on_failure)`` of a :class:`WrapHook`.
-Wrapper = Callable[..., Any]
-#: ``factory(original, on_failure) -> replacement`` of a :class:`ReplaceHook`.
-Factory = Callable[[Any, OnFailure], Any]
-
-#: Set on a replacement: the id of the patch that installed it.
-REPLACEMENT_MARK = "__graphsafe_patch__"
-
-
-def is_hooked(value: Any) -> bool:
-    """Whether ``value`` is a hook that a patch installed."""
-    return isinstance(value, wrapt.FunctionWrapper) or hasattr(value, REPLACEMENT_MARK)
 
 
 class PatchState(str, enum.Enum):
@@ -76,115 +102,6 @@ class PatchState(str, enum.Enum):
 
 class PatchFailedError(RuntimeError):
     """Raised in strict mode when a patch cannot bind to this vLLM."""
-
-
-class _Located:
-    module: str
-    qualname: str
-    #: The hook point must be called (by name) from this qualname of ``module``.
-    caller: str | None
-
-    @property
-    def symbol(self) -> str:
-        return f"{self.module}.{self.qualname}"
-
-    @property
-    def leaf(self) -> str:
-        return self.qualname.rsplit(".", 1)[-1]
-
-
-@dataclass(frozen=True)
-class WrapHook(_Located):
-    """``qualname`` in ``module`` wrapped by a wrapt ``FunctionWrapper``."""
-
-    module: str
-    qualname: str
-    wrapper: Wrapper
-    caller: str | None = None
-
-    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
-        wrapper = functools.partial(self.wrapper, on_failure=on_failure)
-        return wrapt.wrap_function_wrapper(owner, attribute, wrapper)
-
-
-@dataclass(frozen=True)
-class ReplaceHook(_Located):
-    """``qualname`` in ``module`` replaced by ``factory(original, on_failure)``.
-
-    The factory runs before anything is replaced, so a factory that raises
-    (``TypeError`` for a signature it does not support) leaves ``owner``
-    untouched. A replacement is never stacked on one a patch installed (a
-    subclass inherits its base's, for instance).
-    """
-
-    module: str
-    qualname: str
-    factory: Factory
-    caller: str | None = None
-
-    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
-        current = (
-            vars(owner).get(attribute)
-            if isinstance(owner, type)
-            else getattr(owner, attribute, None)
-        )
-        if is_hooked(getattr(owner, attribute, None)) or is_hooked(current):
-            raise ValueError(f"{self.symbol} already carries a patch's hook")
-        original = current if current is not None else getattr(owner, attribute)
-        replacement = self.factory(original, on_failure)
-        setattr(replacement, REPLACEMENT_MARK, True)
-        setattr(owner, attribute, replacement)
-        return replacement
-
-
-HookPoint = WrapHook | ReplaceHook
-
-
-@dataclass(frozen=True)
-class SetsAttribute:
-    """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
-
-    module: str
-    owner: str
-    attribute: str
-    reader: str
-
-    def missing(self, sources: SourceReader) -> str | None:
-        if not sources.has_class(self.module, self.owner):
-            return f"{self.module}.{self.owner} is missing (read by {self.reader})"
-        if not sources.sets_attribute(self.module, self.owner, self.attribute):
-            return (
-                f"{self.module}.{self.owner} no longer sets {self.attribute} "
-                f"(read by {self.reader})"
-            )
-        return None
-
-
-@dataclass(frozen=True)
-class TakesParameters:
-    """A hook reads these parameters of ``qualname`` in ``module``."""
-
-    module: str
-    qualname: str
-    parameters: tuple[str, ...]
-    reader: str
-
-    def missing(self, sources: SourceReader) -> str | None:
-        node = sources.function_node(self.module, self.qualname)
-        if node is None:
-            return f"{self.module}.{self.qualname} is missing (read by {self.reader})"
-        lacking = [
-            p for p in self.parameters if p not in recognition.parameter_names(node)
-        ]
-        if lacking:
-            return (
-                f"{self.module}.{self.qualname} no longer takes "
-                f"{', '.join(lacking)} (read by {self.reader})"
-            )
-        return None
-
-
-Requirement = SetsAttribute | TakesParameters
 
 
 @dataclass
@@ -218,6 +135,8 @@ class Patch:
     _judged_modules: tuple[str, ...] | None = field(default=None, init=False)
     #: Where the verdict last applied came from (kept, shipped or judged).
     verdict_origin: Origin | None = field(default=None, init=False)
+    #: How the last verdict decided native or needed (None: no anchor module).
+    evidence: Evidence | None = field(default=None, init=False)
     _settings: Settings | None = field(default=None, init=False)
     _failed_at_run_time: bool = field(default=False, init=False)
 
@@ -232,8 +151,48 @@ class Patch:
         return []
 
     def native_reason(self, sources: SourceReader) -> str | None:
-        """Why this vLLM already has the fix natively, judged by its code."""
+        """Reading the code: why this vLLM already has the fix natively (None:
+        no fix found). The fallback where its behaviour cannot be run."""
         raise NotImplementedError
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        """The fix's cases run on the code ``sources`` reads, compiled from it
+        (never imported); None where the fix declares no cases."""
+        return None
+
+    def live_behaviour(self) -> Evidence | None:
+        """The fix's cases run on the imported vLLM's own classes (as vLLM
+        defines them, without this package's hooks); None where the fix
+        declares no cases or its modules are not imported."""
+        return None
+
+    def confirm_behaviour(self) -> Evidence | None:
+        """What a process that imports the runner runs to confirm a native
+        verdict (:meth:`confirm_native_when_imported`): the live cases, or
+        the part of them the source cannot already tell."""
+        return self.live_behaviour()
+
+    def live_modules(self) -> list[str]:
+        """The modules :meth:`live_behaviour` needs imported."""
+        return [self.anchor_module]
+
+    #: What a native verdict says the code does (before its evidence).
+    native_summary: ClassVar[str] = "this vLLM has the fix"
+
+    def native_evidence(self, sources: SourceReader) -> Evidence:
+        """How native this code is: by its behaviour on the fix's cases where
+        they run, else by reading it (the evidence says why)."""
+        could_not_run = "the fix declares no cases to run"
+        try:
+            evidence = self.behaviour(sources)
+        except Exception as error:  # the harness itself met code it cannot run
+            evidence = None
+            could_not_run = f"{type(error).__name__}: {error}"
+        if evidence is not None:
+            if settled(evidence):
+                return evidence
+            could_not_run = evidence.could_not_run or could_not_run
+        return by_reading(self.native_reason(sources), could_not_run)
 
     # -- facts ------------------------------------------------------------------
 
@@ -272,13 +231,21 @@ class Patch:
         self._judged_modules = None
         if not sources.exists(self.anchor_module):
             return Verdict(anchor_exists=False)
-        native = self.native_reason(sources)
-        if native is not None:
-            return Verdict(anchor_exists=True, native=native)
+        evidence = self.native_evidence(sources)
+        if evidence.native:
+            return Verdict(
+                anchor_exists=True,
+                native=f"{self.native_summary} ({evidence.text()})",
+                evidence=evidence,
+            )
         missing = self._missing_in_source(sources)
         if missing is not None:
-            return Verdict(anchor_exists=True, missing=missing)
-        return Verdict(anchor_exists=True, hook_modules=tuple(self.hook_modules()))
+            return Verdict(anchor_exists=True, missing=missing, evidence=evidence)
+        return Verdict(
+            anchor_exists=True,
+            hook_modules=tuple(self.hook_modules()),
+            evidence=evidence,
+        )
 
     def decide(
         self, settings: Settings, sources: SourceReader, verdict: Verdict | None = None
@@ -289,6 +256,7 @@ class Patch:
         self._source_reader = sources
         self._settings = settings
         self._judged_modules = verdict.hook_modules
+        self.evidence = verdict.evidence
         if not verdict.anchor_exists:
             self._set(
                 PatchState.NOT_APPLICABLE, f"this vLLM has no {self.anchor_module}"
@@ -303,6 +271,47 @@ class Patch:
         else:
             modules = ", ".join(verdict.hook_modules)
             self._set(PatchState.APPLIED, f"hooks {modules} when imported")
+
+    def finding(self) -> str | None:
+        """``native (behaviour: 37/37 cases)``, ``needed (reading: ...)``: what
+        vLLM's code was found to need, and how; None without the anchor."""
+        if self.evidence is None:
+            return None
+        verdict = "native" if self.evidence.native else "needed"
+        return f"{verdict} ({self.evidence.text()})"
+
+    def confirm_native_when_imported(self) -> None:
+        """Run the fix's cases again on vLLM's own classes once the process
+        imports them (the source's verdict could differ from what runs: a
+        platform's or another plugin's replacement). Where they fail, the fix
+        is applied after all, with a warning naming the case."""
+        if self.anchor_module not in self._armed:
+            self._armed.add(self.anchor_module)
+            wrapt.register_post_import_hook(self._confirm_native, self.anchor_module)
+
+    def _confirm_native(self, module: ModuleType) -> None:
+        if self.state is not PatchState.NATIVE:
+            return
+        try:
+            live = self.confirm_behaviour()
+        except Exception:  # the harness meets code it cannot run: keep the verdict
+            return
+        if live is None or live.how != BEHAVIOUR or live.failed is None:
+            return
+        self.evidence = live
+        self._judged_modules = None
+        missing = self._missing_in_source(self.sources)
+        if missing is not None:
+            self._fail(f"native by its source, but {live.failed}; {missing}")
+            return
+        logger.warning(
+            "vllm-graphsafe: %s: vLLM's code read as fixed, but its imported "
+            "classes are not (%s); the fix is applied.",
+            self.id,
+            live.failed,
+        )
+        self._set(PatchState.APPLIED, f"imported classes: {live.failed}")
+        self.arm()
 
     def arm(self) -> None:
         """Hook each module now if imported, else when it is imported."""
@@ -481,6 +490,10 @@ class Registry:
                     report_failure(patch, patch.reason)
                 elif patch.state is PatchState.APPLIED:
                     patch.arm()
+                elif patch.state is PatchState.NATIVE and not settings.is_disabled(
+                    patch.id
+                ):
+                    patch.confirm_native_when_imported()
 
     def remove_all(self) -> None:
         for patch in self.patches:

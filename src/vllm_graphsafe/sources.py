@@ -42,11 +42,15 @@ class SourceReader:
         self._outlines: dict[str, Outline | None] = {}
         self._functions: dict[tuple[str, str], recognition.FunctionNode | None] = {}
         self._classes: dict[tuple[str, str], ast.ClassDef | None] = {}
+        self._bindings: dict[tuple[str, str], ast.stmt | None] = {}
         #: Yes/no answers about the code (``calls``, ``defines``), by question.
         self._answers: dict[str, bool] = {}
         self._recordings: list[Reading] = []
         #: Modules parsed in pieces (how many pieces) rather than whole.
         self.pieces_parsed: dict[str, int] = {}
+        #: The code these sources hold, compiled for the fixes' judgements
+        #: (``behaviour.compiled.shared_code``), kept with them.
+        self.compiled: object | None = None
 
     def exists(self, module: str) -> bool:
         return self.text(module) is not None
@@ -215,6 +219,31 @@ class SourceReader:
             return _UNSURE
         return statements[0]
 
+    def definition_text(self, module: str, qualname: str) -> DefinitionText | None:
+        """The lines of the ``def`` of ``qualname`` as the file has them, and
+        its decorators' source, found by the outline without parsing; None
+        where there is no such def or the outline cannot place it."""
+        outline = self._searchable(module)
+        if outline is None or qualname.count(".") > 1:
+            return None
+        span = _definition_span(outline, qualname)
+        if span is None:
+            return None
+        header = max(span.header, span.first)
+        decorators: list[str] = []
+        for line in range(span.first, header):
+            text = outline.source(Span(line, line + 1, span.indent))
+            if text[span.indent :].startswith("@"):
+                decorators.append(text)
+            elif decorators:
+                decorators[-1] += text
+        return DefinitionText(
+            text=outline.source(Span(header, span.end, span.indent)),
+            line=header,
+            indent=span.indent,
+            decorators=tuple(decorators),
+        )
+
     def mentions(self, module: str, qualname: str, word: str) -> bool | None:
         """Whether the text of the ``def`` of ``qualname`` (decorators
         included) holds ``word`` as a whole word, in code, strings or comments.
@@ -267,6 +296,75 @@ class SourceReader:
         ):
             return _UNSURE
         return statements[0]
+
+    def class_header(self, module: str, name: str) -> ast.ClassDef | None:
+        """The module-level ``class`` named ``name`` with its body left out
+        (bases, keywords and decorators only), parsed from its header lines."""
+        outline = self.outline(module)
+        if outline is not None:
+            span = outline.top_level_definition("class", name)
+            if span is None:
+                return None
+            members, _ = outline.members(span)
+            if members:
+                header = Span(span.first, members[0], 0)
+                text = outline.source(header).rstrip() + "\n    pass\n"
+                self.pieces_parsed[module] = self.pieces_parsed.get(module, 0) + 1
+                parsed = recognition.parse("\n" * span.first + text)
+                if (
+                    parsed is not None
+                    and len(parsed.body) == 1
+                    and isinstance(parsed.body[0], ast.ClassDef)
+                    and parsed.body[0].name == name
+                ):
+                    return parsed.body[0]
+        return self.class_node(module, name)
+
+    def top_level_binding(self, module: str, name: str) -> ast.stmt | None:
+        """The first statement that binds ``name`` when ``module`` runs: a def,
+        class, import or assignment at module level, or inside a module-level
+        ``if``, ``try`` or ``with`` (never under ``if TYPE_CHECKING:``)."""
+        key = (module, name)
+        if key not in self._bindings:
+            found: object = _UNSURE
+            outline = self._searchable(module)
+            if outline is not None:
+                found = self._binding_in_pieces(outline, module, name)
+            if found is _UNSURE:
+                tree = self.tree(module)
+                found = (
+                    None
+                    if tree is None
+                    else recognition.binding_statement(tree.body, name)
+                )
+            self._bindings[key] = found  # type: ignore[assignment]
+        return self._bindings[key]
+
+    def _binding_in_pieces(self, outline: Outline, module: str, name: str) -> object:
+        seen: set[int] = set()
+        for offset in outline.occurrences(name):
+            span = outline.top_level_statement(offset)
+            if span.first in seen:
+                continue
+            seen.add(span.first)
+            header = outline.header(span.first)
+            if header is not None:
+                if header[1] != name:
+                    continue  # a def or class binds only its own name
+                span = outline.top_level_definition(header[0], name) or span
+            elif self._decorator_line(outline, span.first):
+                continue
+            statements = self._parse(outline, module, span)
+            if statements is None:
+                return _UNSURE
+            found = recognition.binding_statement(statements, name)
+            if found is not None:
+                return found
+        return None
+
+    @staticmethod
+    def _decorator_line(outline: Outline, line: int) -> bool:
+        return outline.code.startswith("@", outline.line_start(line))
 
     def has_class(self, module: str, name: str) -> bool:
         """Whether ``module`` defines a class ``name`` at module level."""
@@ -390,6 +488,19 @@ def _definition_span(outline: Outline, qualname: str) -> Span | None:
     return None if owner is None else outline.member_definition(owner, leaf)
 
 
+@dataclass(frozen=True)
+class DefinitionText:
+    """A ``def`` as its file spells it (see :meth:`SourceReader.definition_text`)."""
+
+    #: From the ``def`` line to the end of its body, indentation kept.
+    text: str
+    #: The ``def`` line (0-based).
+    line: int
+    indent: int
+    #: Each decorator's lines, ``@`` and indentation included, in order.
+    decorators: tuple[str, ...]
+
+
 @dataclass
 class Reading:
     """What a judgement read: modules, and yes/no answers by question."""
@@ -451,11 +562,17 @@ def _module_file(module: str) -> str | None:
         return None
     if not rest:
         return top_spec.origin
+    searched = False
     for base in top_spec.submodule_search_locations or ():
         candidate = Path(base, *rest.split("."))
         for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
             if file.is_file():
                 return str(file)
+        searched = searched or Path(base, "__init__.py").is_file()
+    if searched:
+        # A plain package directory without the file: the module is absent
+        # (asking the import system would import its parent packages).
+        return None
     try:  # an unusual layout (import hooks, zip files): ask the import system
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):

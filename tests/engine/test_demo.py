@@ -53,9 +53,11 @@ def model_cache(tmp_path: Path) -> Path:
 def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> None:
     temp_dir = tmp_path / "tmp"
     temp_dir.mkdir()
+    cache = model_cache(tmp_path)
+    user_cache = tmp_path / "user-cache"
     result = subprocess.run(
-        demo_command(model_cache(tmp_path)),
-        env=demo_env(temp_dir),
+        demo_command(cache),
+        env={**demo_env(temp_dir), "XDG_CACHE_HOME": str(user_cache)},
         capture_output=True,
         text=True,
         timeout=900,
@@ -79,6 +81,12 @@ def test_demo_runs_and_shows_prefill_kept_off_decode_graphs(tmp_path: Path) -> N
     assert verdicts, output[-2000:]
     assert "second server stopped" in output
     assert ours(temp_dir) == []
+    # The fixes' verdicts stay in the demo's cache directory, not the user's.
+    assert any((cache / "verdicts").iterdir())
+    assert not (user_cache / "vllm-graphsafe").exists()
+    # Both servers were stopped in order: vLLM force-killed none of its processes.
+    for log in ("demo-server.log", "demo-server-without-plugin.log"):
+        assert "force killing" not in (cache / log).read_text(errors="replace"), log
     # The run has the structure docs/demo-output.md documents: phases named while
     # the servers start (never a log line), every check run, the exit status.
     demo_output.check_run(output + result.stderr + f"\nexit status {result.returncode}")

@@ -1,8 +1,9 @@
 """A real engine whose input batch drifted keeps generating as unpatched vLLM does.
 
 In-process vLLM on CPU with the tiny model and ngram speculation (K=3):
-the runner's ``num_decode_draft_tokens`` is made unreadable to the plugin
-only, as a release that renamed it would be. The V1 phase rule fails open on the first
+the runner's ``num_decode_draft_tokens`` and the input batch's
+``num_prompt_tokens`` are made unreadable to the plugin only, as a release
+that renamed them would be. The V1 phase rule fails open on the first
 uniform step: the patch reads ``failed`` naming what it was reading, and the
 tokens equal those of the same engine with the plugin switched off.
 """

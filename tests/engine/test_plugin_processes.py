@@ -53,8 +53,10 @@ def test_plugin_runs_in_api_server_engine_core_and_worker(
         assert set(record["patches"].values()) <= {"applied", "native"}
     assert set(workers[0]["wrapped"]) >= V1_PATCHES
     assert workers[0]["counts"]["v1-phase-dispatch"], "the worker dispatched nothing"
-    # The API server never imports the runner, so it wraps nothing there.
-    assert by_pid[api_pid]["wrapped"] == []
+    # The API server never imports the runner, so no runner hook is bound there;
+    # it does import the module of vLLM's CUDA graph wrapper, where the replay
+    # guard binds without ever being called.
+    assert set(by_pid[api_pid]["wrapped"]) <= {"replay-guard"}
 
 
 def test_vllm_plugins_filter_keeps_it_out(tiny_model: Path, tmp_path: Path) -> None:

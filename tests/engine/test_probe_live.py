@@ -8,6 +8,7 @@ nothing the probe prints or writes.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ import pytest
 from tests.engine.serving import running_server
 from vllm_graphsafe.cli.main import build_parser
 from vllm_graphsafe.cli.probe import run
-from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE, MAX_MODEL_LEN
 from vllm_graphsafe.probe import errors
+from vllm_graphsafe.probe.session import DECODE_PROMPT_ROOM
 
 API_KEY = "sk-graphsafe-live-5f0c3a9e"
 
@@ -61,11 +63,20 @@ def test_probe_on_a_key_protected_patched_server(
     assert status_with_key == errors.EXIT_OK, json.dumps(report, indent=1)[:3000]
     checks = {check["name"] for check in report["checks"]}
     assert {"vocab", "cold_warm", "controls", "concurrent", "ongoing_decode"} <= checks
-    # The decode ran on until every inserted prompt was answered, on a real engine.
+    # The decode ran on until every inserted prompt was answered, on a real engine,
+    # or until the context was full (a loaded machine answers the inserts slower).
     (decode,) = [c for c in report["checks"] if c["name"] == "ongoing_decode"]
     inserted = len(report["plan"]["decode_inserts"])
     assert decode["status"] == "pass", decode
-    assert f"{inserted} of {inserted} boundary prompts" in decode["detail"], decode
+    shown = re.search(
+        r"(\d+) tokens match the solo run; (\d+) of (\d+) boundary prompts",
+        decode["detail"],
+    )
+    assert shown is not None, decode
+    tokens, answered, sent = map(int, shown.groups())
+    assert sent == inserted, decode
+    context_full = tokens == MAX_MODEL_LEN - DECODE_PROMPT_ROOM
+    assert answered == inserted or (answered >= 1 and context_full), decode
     assert "probe passed: all" in shown_with_key.out
 
     assert status_without_key == errors.EXIT_API_KEY

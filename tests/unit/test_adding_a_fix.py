@@ -154,6 +154,7 @@ def test_the_release_table_has_no_row_for_it_and_the_survey_does() -> None:
         "v1-phase-dispatch": "applied",
         "v1-dummy-staging": "applied",
         "mrv2-phase-dispatch": "native",
+        "replay-guard": "applied",
         DUMMY_ID: "applied",
     }
     after = surveyed_states("0.29.0")

@@ -1,34 +1,66 @@
 """The plugin's fixes as in-place edits to a vLLM source tree, for maintainers.
 
-``backport(root, fix_ids)`` decides, with the plugin's own code-based detection
-(``patch.decide(settings, SourceReader(root=root))``), which fixes the tree
-lacks, and plans the edit of each: located by parsing, spliced into the
-user's own text. Nothing is written here; :mod:`.output` renders diffs, patch
-files and writes.
+For each fix, :func:`backport` says where the tree stands:
+
+* ``needed``: the bug is there and no fix (the edit is planned, or, where the
+  tree lacks what it edits, ``cannot bind``);
+* ``ours``: our edit is in, as written (its record says so, region by region);
+* ``ours, changed``: our edit is in, but a merge or a person changed a region
+  of it (each region that differs is shown);
+* ``native``: the tree has the fix, none of ours;
+* ``both``: our edit is in beside a fix of the tree's own: drop ours.
+
+Native is judged by the fix's cases run on the tree's code
+(:mod:`vllm_graphsafe.behaviour`); ours is told by the record the edit keeps
+beside its tests (:mod:`.record`), and ``both`` by judging the tree with our
+regions put back as they were. :func:`drop` reverses our edits exactly.
+Nothing is written here; :mod:`.output` renders diffs, patch files and writes.
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_graphsafe import fixes
-from vllm_graphsafe.backport.plan import Plan
+from vllm_graphsafe.backport.plan import Plan, written_test_path
+from vllm_graphsafe.backport.record import (
+    Changed,
+    EditRecord,
+    forward,
+    record_of,
+    record_path,
+    reverse,
+    tests_changed,
+)
 from vllm_graphsafe.backport.source import MissingSymbolError
 from vllm_graphsafe.backport.tree import Tree
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.registry import Patch, PatchState, SourceReader
 from vllm_graphsafe.settings import Settings
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())
+#: A line git leaves in a file whose merge conflicted.
+CONFLICT_MARKERS = ("<<<<<<< ", ">>>>>>> ")
 
 
 class Status(str, enum.Enum):
-    NATIVE = "native"
     NEEDED = "needed"
-    CANNOT_BIND = "cannot bind"
+    OURS = "ours"
+    OURS_CHANGED = "ours, changed"
+    NATIVE = "native"
+    BOTH = "both"
     NOT_APPLICABLE = "not applicable"
+    #: Needed, but the tree lacks what our edit changes.
+    CANNOT_BIND = "cannot bind"
+
+
+#: States with nothing to do.
+SETTLED = frozenset({Status.OURS, Status.NATIVE, Status.NOT_APPLICABLE})
 
 
 @dataclass
@@ -39,6 +71,27 @@ class Outcome:
     plan: Plan | None = None
     #: relpath -> text before this fix's edits (None: a new file).
     before: dict[str, str | None] = field(default_factory=dict)
+    #: How native was judged: of the tree as it is, or (ours, both) of the
+    #: tree with our edit put back as it was.
+    evidence: Evidence | None = None
+    #: Regions of our edit that are no longer as written (ours, changed).
+    changed: list[Changed] = field(default_factory=list)
+    #: Our record of the edit, where the tree carries it.
+    record: EditRecord | None = None
+
+    @property
+    def files(self) -> list[str]:
+        """Source files the edit changes (planned) or changed (recorded)."""
+        if self.plan is not None:
+            return sorted(self.plan.texts)
+        return sorted(self.record.regions) if self.record else []
+
+    @property
+    def tests(self) -> list[str]:
+        """Test files the edit writes (planned) or wrote (recorded)."""
+        if self.plan is not None:
+            return sorted(self.plan.tests)
+        return sorted(self.record.tests) if self.record else []
 
 
 @dataclass
@@ -47,7 +100,8 @@ class Backport:
 
     root: Path
     outcomes: list[Outcome]
-    #: relpath -> text after every bindable fix (source files and written tests).
+    #: relpath -> text after every bindable fix (source files, written tests
+    #: and each fix's record).
     edited: dict[str, str] = field(default_factory=dict)
 
     def needed(self) -> list[Outcome]:
@@ -59,6 +113,17 @@ class Backport:
 
 class NotAVllmTreeError(ValueError):
     """DIR does not hold a ``vllm/`` package."""
+
+
+class ConflictError(ValueError):
+    """Files of the tree hold unresolved merge conflicts."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(
+            f"conflict markers in {', '.join(files)}; resolve them and run "
+            "--check again"
+        )
+        self.files = files
 
 
 class OverlaySourceReader(SourceReader):
@@ -96,6 +161,16 @@ def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Patch]
     return patches
 
 
+def judge_one(root: Path, fix_id: str, edited: dict[str, str] | None = None) -> Patch:
+    """One fix decided for the tree (as if ``edited`` were written)."""
+    sources: SourceReader = (
+        SourceReader(root=root) if not edited else OverlaySourceReader(root, edited)
+    )
+    patch = fixes.get(fix_id).make_patch()
+    patch.decide(_all_enabled(), sources)
+    return patch
+
+
 def check_tree(root: Path) -> None:
     if not (root / "vllm" / "__init__.py").is_file():
         raise NotAVllmTreeError(
@@ -103,23 +178,152 @@ def check_tree(root: Path) -> None:
         )
 
 
+def conflicted_files(root: Path, relpaths: Iterable[str]) -> list[str]:
+    """The files among ``relpaths`` holding git's conflict markers."""
+    found = []
+    for relpath in sorted(set(relpaths)):
+        text = Tree(root).original(relpath)
+        if text is not None and any(
+            line.startswith(CONFLICT_MARKERS) for line in text.splitlines()
+        ):
+            found.append(relpath)
+    return found
+
+
+def _files_to_scan(root: Path) -> list[str]:
+    """The source files the fixes read or edit, and the files our edits wrote."""
+    scanned = [
+        str(path.relative_to(root))
+        for path in (root / "vllm" / "v1" / "worker").rglob("*.py")
+    ]
+    scanned += [
+        str(path.relative_to(root))
+        for path in (root / "tests" / "v1" / "worker").glob("*graphsafe_backport_*")
+    ]
+    return scanned
+
+
+def read_record(root: Path, fix_id: str) -> EditRecord | None:
+    text = Tree(root).original(record_path(fix_id))
+    if text is None:
+        return None
+    record = EditRecord.from_text(text)
+    return record if record is not None and record.fix_id == fix_id else None
+
+
+def _current(root: Path, relpaths: Iterable[str]) -> dict[str, str | None]:
+    tree = Tree(root)
+    return {relpath: tree.original(relpath) for relpath in relpaths}
+
+
 def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
-    """Decide and plan the requested fixes (all by default) for the tree at ``root``."""
+    """Where the tree at ``root`` stands for each requested fix (all by
+    default), and the edit of each fix it needs. Raises ``ConflictError``
+    where files it reads hold unresolved merge conflicts."""
     check_tree(root)
+    conflicts = conflicted_files(root, _files_to_scan(root))
+    if conflicts:
+        raise ConflictError(conflicts)
     wanted = [fix for fix in fixes.fix_ids() if fix_ids is None or fix in fix_ids]
-    states = detect(root)
     tree = Tree(root)
     outcomes: list[Outcome] = []
+    records = {fix: read_record(root, fix) for fix in fixes.fix_ids()}
     for fix_id in wanted:
-        patch = states[fix_id]
+        record = records[fix_id]
+        if record is not None:
+            outcomes.append(_carried(root, fix_id, record, records))
+            continue
+        patch = judge_one(root, fix_id)
         if patch.state is PatchState.NATIVE:
-            outcomes.append(Outcome(fix_id, Status.NATIVE, patch.reason))
+            outcomes.append(
+                Outcome(fix_id, Status.NATIVE, patch.reason, evidence=patch.evidence)
+            )
             continue
         if patch.state is PatchState.NOT_APPLICABLE:
             outcomes.append(Outcome(fix_id, Status.NOT_APPLICABLE, patch.reason))
             continue
-        outcomes.append(_plan_one(tree, fix_id))
+        planned = _plan_one(tree, fix_id)
+        planned.evidence = patch.evidence
+        outcomes.append(planned)
     return Backport(root, outcomes, dict(tree.edited))
+
+
+def _later(fix_id: str, records: dict[str, EditRecord | None]) -> list[EditRecord]:
+    """The records of the edits made after ``fix_id``'s, in the order made."""
+    order = fixes.fix_ids()
+    return [
+        record
+        for fix in order[order.index(fix_id) + 1 :]
+        if (record := records.get(fix)) is not None
+    ]
+
+
+def _files_of(records: Iterable[EditRecord]) -> list[str]:
+    return sorted({p for r in records for p in [*r.regions, *r.tests]})
+
+
+def reversed_in_place(
+    record: EditRecord,
+    later: list[EditRecord],
+    current: dict[str, str | None],
+) -> tuple[dict[str, str | None], list[Changed], list[str]]:
+    """The files with ``record``'s edit taken out and the later edits (made
+    over it, e.g. in the same import statement) left in: those are taken out
+    first, in the reverse of the order they were made, then made again."""
+    texts = dict(current)
+    for made_later in reversed(later):
+        undone, _ = reverse(made_later, texts)
+        texts.update(undone)
+    restored, changed = reverse(record, texts)
+    texts.update(restored)
+    entangled: list[str] = []
+    for made_later in later:
+        again, whole = forward(made_later, texts)
+        texts.update(again)
+        if not whole:
+            entangled.append(made_later.fix_id)
+    return texts, changed, entangled
+
+
+def _carried(
+    root: Path, fix_id: str, record: EditRecord, records: dict[str, EditRecord | None]
+) -> Outcome:
+    """A fix whose edit the tree carries: as written, changed, or beside native."""
+    later = _later(fix_id, records)
+    current = _current(root, _files_of([record, *later]))
+    texts, changed, _ = reversed_in_place(record, later, current)
+    changed += [
+        Changed(relpath, f"{relpath} is gone or no longer as written\n")
+        for relpath in tests_changed(record, current)
+    ]
+    if changed:
+        patch = judge_one(root, fix_id)
+        where = ", ".join(dict.fromkeys(c.relpath for c in changed))
+        return Outcome(
+            fix_id,
+            Status.OURS_CHANGED,
+            f"our edit was changed in {where}",
+            evidence=patch.evidence,
+            changed=changed,
+            record=record,
+        )
+    without = {k: v for k, v in texts.items() if v is not None}
+    patch = judge_one(root, fix_id, without)
+    if patch.state is PatchState.NATIVE:
+        return Outcome(
+            fix_id,
+            Status.BOTH,
+            "the tree fixes it without our edit: drop ours (--drop)",
+            evidence=patch.evidence,
+            record=record,
+        )
+    return Outcome(
+        fix_id,
+        Status.OURS,
+        "our edit, as written; the tree still needs it",
+        evidence=patch.evidence,
+        record=record,
+    )
 
 
 def _plan_one(tree: Tree, fix_id: str) -> Outcome:
@@ -128,15 +332,131 @@ def _plan_one(tree: Tree, fix_id: str) -> Outcome:
     except MissingSymbolError as missing:
         return Outcome(fix_id, Status.CANNOT_BIND, f"missing {missing}")
     candidate = {**tree.edited, **plan.texts}
-    after = detect(tree.root, candidate)[fix_id]
+    after = judge_one(tree.root, fix_id, candidate)
     if after.state is not PatchState.NATIVE:
-        # Our edit must read as the fix to the plugin; refuse rather than guess.
+        # Our edit must pass the fix's own cases; refuse rather than guess.
         return Outcome(
             fix_id,
             Status.CANNOT_BIND,
-            f"the planned edit is not recognised as native ({after.reason})",
+            f"the planned edit does not pass the fix's cases ({after.finding()})",
         )
+    for relpath, text in plan.texts.items():
+        plan.texts[relpath] = keep_line_endings(tree.current(relpath), text)
     before = {path: tree.current(path) for path in [*plan.texts, *plan.tests]}
+    record = record_of(
+        fix_id, {p: tree.current(p) for p in plan.texts}, plan.texts, plan.tests
+    )
+    record.directories = _directories_to_create(
+        tree, [*plan.tests, record_path(fix_id)]
+    )
+    plan.tests[record_path(fix_id)] = record.to_text()
+    before[record_path(fix_id)] = tree.current(record_path(fix_id))
     tree.edited.update(plan.texts)
     tree.edited.update(plan.tests)
-    return Outcome(fix_id, Status.NEEDED, plan.layout, plan, before)
+    return Outcome(fix_id, Status.NEEDED, plan.layout, plan, before, record=record)
+
+
+def keep_line_endings(original: str | None, edited: str) -> str:
+    """``edited`` with the lines an edit added ending as ``original``'s do
+    (a file written with CR LF keeps CR LF)."""
+    if original is None or "\r\n" not in original:
+        return edited
+    if original.count("\r\n") != original.count("\n"):
+        return edited  # mixed endings: the edit's own lines end with LF
+    return re.sub(r"(?<!\r)\n", "\r\n", edited)
+
+
+def _directories_to_create(tree: Tree, relpaths: list[str]) -> list[str]:
+    """The parent directories of ``relpaths`` that neither the tree nor an
+    earlier edit has, deepest first."""
+    wanted: set[str] = set()
+    for relpath in relpaths:
+        for parent in Path(relpath).parents:
+            if str(parent) in (".", ""):
+                continue
+            on_disk = (tree.root / parent).is_dir()
+            by_edit = any(p.startswith(f"{parent}/") for p in tree.edited)
+            if not on_disk and not by_edit:
+                wanted.add(str(parent))
+    return sorted(wanted, key=lambda d: (-d.count("/"), d))
+
+
+@dataclass
+class Dropping:
+    """What ``--drop`` does to the tree: relpath -> new text (None: delete)."""
+
+    root: Path
+    outcomes: list[Outcome]
+    changes: dict[str, str | None] = field(default_factory=dict)
+    #: Directories our edits created, removed where they end up empty.
+    directories: list[str] = field(default_factory=list)
+    #: Regions left in place (``--force`` only): changed since written.
+    left: list[Changed] = field(default_factory=list)
+    #: Fixes not dropped: a later edit shares their lines (drop both).
+    entangled: list[str] = field(default_factory=list)
+
+
+def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> Dropping:
+    """Our edits of the requested fixes reversed, with their tests and records
+    deleted. Where a region changed since it was written, nothing of that fix
+    is dropped (its outcome says ``ours, changed``), unless ``force``: then
+    the regions still as written go and the changed ones stay."""
+    result = backport(root, fix_ids)
+    dropping = Dropping(root, result.outcomes)
+    records = {fix: read_record(root, fix) for fix in fixes.fix_ids()}
+    texts: dict[str, str | None] = {}
+    for outcome in reversed(result.outcomes):
+        record = outcome.record
+        if record is None or outcome.status not in (
+            Status.OURS,
+            Status.BOTH,
+            Status.OURS_CHANGED,
+        ):
+            continue
+        if outcome.status is Status.OURS_CHANGED and not force:
+            continue
+        later = _later(record.fix_id, records)
+        files = _files_of([record, *later])
+        current = {p: texts[p] if p in texts else Tree(root).original(p) for p in files}
+        restored, changed, entangled = reversed_in_place(record, later, current)
+        if entangled:
+            dropping.entangled.append(
+                f"{record.fix_id}'s edit shares lines with {', '.join(entangled)}'s, "
+                "made after it: drop that too (--fix each), or drop it first"
+            )
+            continue
+        texts.update({p: t for p, t in restored.items() if p in record.regions})
+        records[record.fix_id] = None  # gone: later drops need not step round it
+        stale_tests = set(tests_changed(record, current))
+        for relpath in record.tests:
+            if relpath not in stale_tests:
+                texts[relpath] = None
+        texts[record_path(record.fix_id)] = None
+        dropping.directories += record.directories
+        dropping.left += [c for c in changed if c.relpath in record.regions]
+        dropping.left += [
+            Changed(p, f"{p} was changed since it was written; left in place\n")
+            for p in sorted(stale_tests)
+        ]
+    dropping.changes = texts
+    return dropping
+
+
+__all__ = [
+    "CONFLICT_MARKERS",
+    "FIX_IDS",
+    "SETTLED",
+    "Backport",
+    "ConflictError",
+    "Dropping",
+    "NotAVllmTreeError",
+    "Outcome",
+    "OverlaySourceReader",
+    "Status",
+    "backport",
+    "check_tree",
+    "detect",
+    "drop",
+    "judge_one",
+    "written_test_path",
+]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import email.utils
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from vllm_graphsafe import fixes
@@ -53,47 +55,138 @@ def combined_diff(result: Backport) -> str:
 
 
 def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
+    return _read_exact(path)
 
 
 class WriteError(OSError):
     """A file of the tree could not be written; nothing was left changed."""
 
 
-def write_tree(result: Backport) -> list[str]:
-    """Write every edited file, all or none: a failure restores what was written."""
-    staged: list[tuple[Path, Path, str | None]] = []
+def _inside(root: Path, path: Path) -> bool:
     try:
-        for relpath, text in sorted(result.edited.items()):
-            target = result.root / relpath
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _target(root: Path, relpath: str) -> Path:
+    """Where ``relpath`` is written: through a link only where it stays in
+    the tree (the link is kept); ``WriteError`` where it leaves it."""
+    path = root / relpath
+    if not _inside(root, path.parent) or (
+        path.is_symlink() and not _inside(root, path)
+    ):
+        raise WriteError(f"{relpath} leads out of {root} through a symbolic link")
+    return path.resolve() if path.is_symlink() else path
+
+
+def _read_only(path: Path) -> bool:
+    """Whether the file may not be written: for this user, or by its own mode
+    (a file with no write bit, which an administrator could still write)."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
+
+
+def _refusals(root: Path, changes: Mapping[str, str | None]) -> list[str]:
+    """Why each change cannot be made, checked before anything is written."""
+    refused = []
+    for relpath in sorted(changes):
+        try:
+            path = _target(root, relpath)
+        except WriteError as error:
+            refused.append(str(error))
+            continue
+        if path.exists():
+            if _read_only(path) or not os.access(path.parent, os.W_OK):
+                refused.append(f"{relpath} is read-only")
+        elif changes[relpath] is not None:
+            existing = next((p for p in path.parents if p.exists()), None)
+            if existing is not None and not os.access(existing, os.W_OK):
+                shown = (
+                    existing.relative_to(root) if _inside(root, existing) else existing
+                )
+                refused.append(f"{shown} is read-only")
+    return refused
+
+
+def _read_exact(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_exact(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+
+
+def apply_changes(
+    root: Path, changes: Mapping[str, str | None], directories: Iterable[str] = ()
+) -> list[str]:
+    """Write (or, for None, delete) every changed file, all or none: a file
+    that cannot be written refuses the whole change before anything is
+    touched, and a failure midway restores what was done. Each written file
+    keeps its mode; ``directories`` left empty afterwards are removed."""
+    refused = _refusals(root, changes)
+    if refused:
+        raise WriteError("; ".join(refused))
+    staged: list[tuple[Path | None, Path, str | None]] = []
+    made_dirs: list[Path] = []
+    try:
+        for relpath, text in sorted(changes.items()):
+            target = _target(root, relpath)
+            original = _read_exact(target) if target.exists() else None
+            if text is None:
+                staged.append((None, target, original))
+                continue
+            missing = [p for p in reversed(target.parents) if not p.exists()]
             target.parent.mkdir(parents=True, exist_ok=True)
+            made_dirs += missing
             temporary = target.with_name(f".{target.name}.graphsafe-tmp")
-            temporary.write_text(text, encoding="utf-8")
+            _write_exact(temporary, text)
             if target.exists():
-                os.chmod(temporary, target.stat().st_mode)
-            staged.append((temporary, target, _read(target)))
+                os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
+            staged.append((temporary, target, original))
     except OSError as error:
-        for temporary, _, _ in staged:
-            temporary.unlink(missing_ok=True)
-        raise WriteError(f"cannot write into {result.root}: {error}") from error
+        _discard(staged)
+        for made in reversed(made_dirs):
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise WriteError(f"cannot write into {root}: {error}") from error
     done: list[tuple[Path, str | None]] = []
     try:
-        for temporary, target, original in staged:
-            os.replace(temporary, target)
-            done.append((target, original))
-    except OSError as error:
-        for target, original in reversed(done):
-            if original is None:
-                target.unlink(missing_ok=True)
+        for staged_file, destination, before in staged:
+            if staged_file is None:
+                if destination.exists():
+                    destination.unlink()
             else:
-                target.write_text(original, encoding="utf-8")
-        for temporary, _, _ in staged:
+                os.replace(staged_file, destination)
+            done.append((destination, before))
+    except OSError as error:
+        for destination, before in reversed(done):
+            if before is None:
+                destination.unlink(missing_ok=True)
+            else:
+                _write_exact(destination, before)
+        _discard(staged)
+        raise WriteError(f"cannot write into {root}: {error}") from error
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            (root / directory).rmdir()  # only where it is empty
+    return sorted(changes)
+
+
+def _discard(staged: list[tuple[Path | None, Path, str | None]]) -> None:
+    for temporary, _, _ in staged:
+        if temporary is not None:
             temporary.unlink(missing_ok=True)
-        raise WriteError(f"cannot write into {result.root}: {error}") from error
-    return sorted(result.edited)
+
+
+def write_tree(result: Backport) -> list[str]:
+    """Write every edited file of ``result``, all or none (see apply_changes)."""
+    return apply_changes(result.root, dict(result.edited))
 
 
 def _wrap(text: str, width: int = 72) -> str:

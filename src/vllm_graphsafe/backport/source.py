@@ -47,7 +47,8 @@ class SourceFile:
         relpath = "/".join(module.split(".")) + ".py"
         path = root / relpath
         try:
-            text = path.read_text(encoding="utf-8")
+            with open(path, encoding="utf-8", newline="") as handle:
+                text = handle.read()
         except (OSError, UnicodeDecodeError) as error:
             raise MissingSymbolError(f"module {module} ({relpath})") from error
         return cls.parse(relpath, text)

@@ -27,7 +27,9 @@ class Tree:
 
     def original(self, relpath: str) -> str | None:
         try:
-            return (self.root / relpath).read_text(encoding="utf-8")
+            # newline="": the file's own line endings, byte for byte.
+            with open(self.root / relpath, encoding="utf-8", newline="") as handle:
+                return handle.read()
         except (OSError, UnicodeDecodeError):
             return None
 

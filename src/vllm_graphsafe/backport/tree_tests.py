@@ -5,13 +5,21 @@ plugin disabled, the tree's own pytest configuration and conftest files left
 out, so that only the written tests decide) with a chosen interpreter. Where
 the tree has no written tests for a fix the backport would edit, the tests it
 would write are run from a scratch folder: they fail until ``--write``.
+
+Each fix gets one line: the counts when the tests ran; when they did not, or
+failed, the first error pytest printed (a missing module, an import error, a
+collection error, the first failed assertion) and the command that reruns
+them by hand.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import tempfile
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,17 +27,64 @@ from vllm_graphsafe.backport import Backport, Outcome, Status
 from vllm_graphsafe.backport.plan import written_test_path
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
-#: pytest's status for "tests ran and some failed"; others mean it could not run.
+#: pytest's statuses for "every test passed" and "tests ran and some failed";
+#: any other means they could not run (collection errors, usage, no tests).
+_PYTEST_PASSED = 0
 _PYTEST_FAILED = 1
+#: pytest's lines that quote an exception (``E   ModuleNotFoundError: ...``).
+_ERROR_LINE = re.compile(r"^E\s+(\S.*)$")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
 @dataclass(frozen=True)
 class FixTests:
-    """One fix's line of the report."""
+    """One fix's line of the report, and (``--json``) its parts."""
 
     fix_id: str
     ok: bool
     line: str
+    #: The tests' totals where they ran.
+    counts: Counts | None = None
+    #: Why they could not run (pytest's own first error).
+    could_not_run: str | None = None
+    #: The command that runs them by hand.
+    rerun: str | None = None
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A junit report's totals; ``failures`` are failed tests, ``errors``
+    tests that errored in set-up or teardown."""
+
+    tests: int
+    failures: int
+    errors: int
+    skipped: int
+
+    @property
+    def passed(self) -> int:
+        return self.tests - self.failures - self.errors - self.skipped
+
+    def text(self) -> str:
+        text = f"{self.passed} passed, {self.failures} failed"
+        if self.errors:
+            text += f", {self.errors} errors"
+        if self.skipped:
+            text += f", {self.skipped} skipped"
+        return text
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """What one pytest run left: its status and output, the junit report's
+    totals (None without a report) and its first failed test with the first
+    line of what failed it."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    counts: Counts | None = None
+    first_failure: tuple[str, str] | None = None
 
 
 def verify_tree(result: Backport, python: str) -> list[FixTests]:
@@ -40,15 +95,21 @@ def verify_tree(result: Backport, python: str) -> list[FixTests]:
 def _one(root: Path, outcome: Outcome, python: str) -> FixTests:
     relpath = written_test_path(outcome.fix_id)
     fix_id = outcome.fix_id
+    root = root.resolve()
     if (root / relpath).is_file():
-        return _ran(fix_id, _pytest(python, root, (root / relpath).resolve()), "")
+        return verify_written(fix_id, python, root, relpath)
     would_write = outcome.plan.tests.get(relpath) if outcome.plan else None
     if would_write is not None:
         with tempfile.TemporaryDirectory(prefix="graphsafe-verify-") as scratch:
             path = Path(scratch).resolve() / Path(relpath).name
             path.write_text(would_write, encoding="utf-8")
-            run = _pytest(python, root, path)
-        return _ran(fix_id, run, " (tests not yet written; the tree lacks the fix)")
+            run = run_tests(python, root, path.parent, path.name)
+        return _reported(
+            fix_id,
+            run,
+            f"rerun after --write: {rerun_command(python, root, relpath)}",
+            " (tests not yet written; the tree lacks the fix)",
+        )
     if outcome.status is Status.NATIVE:
         return FixTests(fix_id, True, "native in this tree; no backport test to run")
     if outcome.status is Status.NOT_APPLICABLE:
@@ -56,48 +117,151 @@ def _one(root: Path, outcome: Outcome, python: str) -> FixTests:
     return FixTests(fix_id, False, f"cannot run: {outcome.reason}")
 
 
-def _pytest(python: str, root: Path, test: Path) -> subprocess.CompletedProcess[str]:
-    command = [
-        python,
-        "-m",
-        "pytest",
-        "-q",
+def verify_written(fix_id: str, python: str, root: Path, relpath: str) -> FixTests:
+    """Run the tests written at ``relpath`` in the tree at ``root`` (absolute)."""
+    run = run_tests(python, root, root, relpath)
+    return _reported(fix_id, run, f"rerun: {rerun_command(python, root, relpath)}", "")
+
+
+def pytest_arguments(test: str) -> list[str]:
+    """pytest's arguments for ``test`` (a path from the working directory):
+    no cache written into the tree, none of its conftest files or its
+    configuration, the test's folder as the root."""
+    folder = os.path.dirname(test) or "."
+    return [
         "-p",
         "no:cacheprovider",
         "--noconftest",
         "-c",
         os.devnull,
         "--rootdir",
-        str(test.parent),
-        str(test),
+        folder,
+        test,
     ]
-    pythonpath = os.pathsep.join(
-        [str(root.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    return subprocess.run(
-        command,
-        cwd=test.parent,
-        env={**os.environ, **PLUGIN_OFF, "PYTHONPATH": pythonpath},
-        capture_output=True,
-        text=True,
-        check=False,
+
+
+def tree_pythonpath(root: Path) -> str:
+    """The tree first, then whatever ``PYTHONPATH`` this process has."""
+    return os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def rerun_command(python: str, root: Path, test: str) -> str:
+    """The shell command that runs ``test`` (relative to ``root``) as
+    ``--verify`` does."""
+    words = [python, "-m", "pytest", *pytest_arguments(test)]
+    return (
+        f"cd {shlex.quote(str(root))} && GRAPHSAFE_DISABLE=all "
+        f"PYTHONPATH={shlex.quote(tree_pythonpath(root))} {shlex.join(words)}"
     )
 
 
-def _ran(fix_id: str, run: subprocess.CompletedProcess[str], note: str) -> FixTests:
-    summary = _summary(run.stdout)
-    if run.returncode == 0:
-        return FixTests(fix_id, True, f"passed: {summary}")
-    if run.returncode == _PYTEST_FAILED:
-        return FixTests(fix_id, False, f"failed: {summary}{note}")
-    reason = _last_line(run.stderr) or _last_line(run.stdout) or "no output"
+def run_tests(python: str, root: Path, cwd: Path, test: str) -> TestRun:
+    """Run ``test`` (relative to ``cwd``) against the tree at ``root``."""
+    with tempfile.TemporaryDirectory(prefix="graphsafe-verify-report-") as folder:
+        report = Path(folder) / "report.xml"
+        command = [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            f"--junitxml={report}",
+            *pytest_arguments(test),
+        ]
+        env = {**os.environ, **PLUGIN_OFF, "PYTHONPATH": tree_pythonpath(root)}
+        try:
+            done = subprocess.run(
+                command,
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError as error:
+            return TestRun(
+                None, "", f"cannot start {python}: {error.strerror or error}"
+            )
+        counts, first_failure = read_report(report)
+    return TestRun(done.returncode, done.stdout, done.stderr, counts, first_failure)
+
+
+def read_report(path: Path) -> tuple[Counts | None, tuple[str, str] | None]:
+    """The totals of pytest's junit report at ``path`` and its first failed
+    or errored test (name, first line of its cause); None where there is no
+    readable report."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None, None
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = Counts(
+        *(
+            sum(int(suite.get(name, "0")) for suite in suites)
+            for name in ("tests", "failures", "errors", "skipped")
+        )
+    )
+    for case in root.iter("testcase"):
+        for problem in (*case.iter("failure"), *case.iter("error")):
+            name = case.get("name") or case.get("classname") or "a test"
+            cause = first_error(problem.text or "") or _first_line(
+                problem.get("message", "")
+            )
+            return counts, (name, cause)
+    return counts, None
+
+
+def first_error(output: str) -> str:
+    """The first exception pytest quoted in ``output`` (an ``E   ...Error:
+    ...`` line), else its first quoted line of any kind; empty without one."""
+    quoted = [
+        match.group(1).strip()
+        for match in map(_ERROR_LINE.match, output.splitlines())
+        if match
+    ]
+    exceptions = [line for line in quoted if _EXCEPTION.match(line)]
+    return (exceptions or quoted or [""])[0]
+
+
+def _reported(fix_id: str, run: TestRun, rerun: str, note: str) -> FixTests:
+    counts = run.counts
+    ran = counts is not None and run.returncode in (_PYTEST_PASSED, _PYTEST_FAILED)
+    if ran and run.returncode == _PYTEST_PASSED:
+        assert counts is not None
+        return FixTests(fix_id, True, counts.text(), counts, rerun=rerun)
+    if ran:
+        assert counts is not None
+        first = ""
+        if run.first_failure is not None:
+            name, cause = run.first_failure
+            first = f" (first: {name}: {cause})" if cause else f" (first: {name})"
+        return FixTests(
+            fix_id, False, f"{counts.text()}{first}{note}; {rerun}", counts, rerun=rerun
+        )
+    status = "" if run.returncode is None else f" (pytest exit {run.returncode})"
+    cause = _cause(run)
     return FixTests(
-        fix_id, False, f"could not run (pytest exit {run.returncode}): {reason}"
+        fix_id,
+        False,
+        f"could not run: {cause}{status}{note}; {rerun}",
+        could_not_run=f"{cause}{status}",
+        rerun=rerun,
     )
 
 
-def _summary(stdout: str) -> str:
-    return _last_line(stdout).strip("= ") or "no summary"
+def _cause(run: TestRun) -> str:
+    """Why the tests could not run, from pytest's own words."""
+    return (
+        first_error(run.stdout)
+        or (run.first_failure[1] if run.first_failure is not None else "")
+        or _last_line(run.stderr)
+        or _last_line(run.stdout).strip("= ")
+        or "no output"
+    )
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def _last_line(text: str) -> str:

@@ -3,37 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from vllm_graphsafe import __version__
+from vllm_graphsafe.cli import exit_statuses
 
-EXIT_OK = 0
-EXIT_FIXES_NEEDED = 1
-EXIT_CANNOT_BIND = 2
-EXIT_BAD_INPUT = 3
-EXIT_WRITE_FAILED = 4
-EXIT_VERIFY_FAILED = 5
+EXIT_OK = exit_statuses.BACKPORT_OK
+EXIT_FIXES_NEEDED = exit_statuses.BACKPORT_FIXES_NEEDED
+EXIT_CANNOT_BIND = exit_statuses.BACKPORT_CANNOT_BIND
+EXIT_BAD_INPUT = exit_statuses.BACKPORT_BAD_INPUT
+EXIT_WRITE_FAILED = exit_statuses.BACKPORT_WRITE_FAILED
+EXIT_VERIFY_FAILED = exit_statuses.BACKPORT_VERIFY_FAILED
+EXIT_OURS_CHANGED = exit_statuses.BACKPORT_OURS_CHANGED
+EXIT_CONFLICTS = exit_statuses.BACKPORT_CONFLICTS
 
-EPILOG = """\
-exit status:
-  0  nothing to do (--check), or the diff/edits/patches were produced
-  1  --check only: the tree lacks at least one fix that can be applied
-  2  a fix cannot bind: the tree lacks what it must edit (named on stderr);
-     nothing is changed for that fix, the others are still produced
-  3  bad input: DIR holds no vllm/ package, an unknown fix id, no mode or an
-     unusable OUTDIR
-  4  writing the tree failed; every file was left as it was
-  5  --verify only: a fix's written tests failed or could not run (one
-     sentence per fix on stderr)
+#: The schema every ``--json`` report follows (docs/backport-in-a-fork.md).
+JSON_SCHEMA = "vllm-graphsafe.backport/1"
+
+EPILOG = f"""\
+states (one line per fix on stderr; --json: the same as data):
+  needed          the bug is there and no fix: --write adds ours
+  ours            our edit is in, as written, and the tree still needs it
+  ours, changed   our edit is in, but a merge or a person changed it: each
+                  region that differs is shown
+  native          the tree fixes it itself (upstream's or the fork's own fix)
+  both            our edit is in beside a fix of the tree's own: --drop ours
+  not applicable  the tree has no code this fix is about
+Native is judged by running the fix's cases on the tree's code ("behaviour:
+40/40 cases"); where they cannot run, by reading it, and then never native.
+
+{exit_statuses.help_text("backport")}
   (An option unknown to every subcommand is refused by vllm-graphsafe's own
   argument parser before anything is read, with argparse's status 2.)
 
 The tree is never imported. --diff prints a unified diff that `git apply`
 accepts at DIR's root; --format-patch writes one `git am`-able patch per fix.
-Each edit also writes CPU tests under DIR/tests/v1/worker/; --verify runs
-them against DIR (first on PYTHONPATH, the plugin disabled) with --python.
+Each edit also writes CPU tests and a record of the edit under
+DIR/tests/v1/worker/; --verify runs the tests against DIR (first on
+PYTHONPATH, the plugin disabled) with --python; --drop reverses our edits
+byte for byte (--drop --diff previews it).
 """
 
 
@@ -62,12 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     modes.add_argument(
         "--check",
         action="store_true",
-        help="say which fixes the tree needs; change nothing",
+        help="say where the tree stands for each fix; change nothing",
     )
-    modes.add_argument(
-        "--diff", action="store_true", help="print the edits as a unified diff"
-    )
-    modes.add_argument("--write", action="store_true", help="edit the files in place")
+    modes.add_argument("--write", action="store_true", help="make our edits in place")
     modes.add_argument(
         "--format-patch",
         metavar="OUTDIR",
@@ -77,6 +85,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="run the tests the backport wrote (or would write) against the tree",
+    )
+    modes.add_argument(
+        "--drop",
+        action="store_true",
+        help="remove our edits, their tests and records (with --diff: preview)",
+    )
+    parser.add_argument(
+        "--diff",
+        action="store_true",
+        help="print the edits (or, with --drop, the removal) as a unified diff",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --drop: remove what is still ours where a merge changed the rest",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print a JSON report ({JSON_SCHEMA}) on stdout instead of the lines",
     )
     parser.add_argument(
         "--python",
@@ -95,12 +123,150 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
+def describe(outcome: Any) -> str:
+    """One line per fix: where the tree stands, how that was found, what follows."""
+    from vllm_graphsafe.backport import Status
+
+    found = None if outcome.evidence is None else outcome.evidence.text()
+    fix, status = outcome.fix_id, outcome.status
+    if found is None:
+        return f"{fix}: {status.value} ({outcome.reason})"
+    if status is Status.NATIVE:
+        return f"{fix}: native ({found})"
+    if status is Status.CANNOT_BIND:
+        return (
+            f"{fix}: needed ({found}); the edit cannot be made here: {outcome.reason}"
+        )
+    if status is Status.NEEDED:
+        return f"{fix}: needed ({found}); edit: {outcome.reason}"
+    if status is Status.OURS:
+        return f"{fix}: ours ({outcome.reason}; without it: needed, {found})"
+    if status is Status.BOTH:
+        return f"{fix}: both (without ours: native, {found}); {outcome.reason}"
+    return f"{fix}: ours, changed ({outcome.reason}); see below"
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _fix_report(outcome: Any) -> dict[str, Any]:
+    evidence = outcome.evidence
+    return {
+        "id": outcome.fix_id,
+        "state": outcome.status.value,
+        "reason": outcome.reason,
+        "evidence": None if evidence is None else evidence.to_json(),
+        "files": outcome.files,
+        "tests": outcome.tests,
+        "changed": [
+            {"file": changed.relpath, "diff": changed.diff}
+            for changed in outcome.changed
+        ],
+        "verify": None,
+    }
+
+
+def _report(mode: str, root: Path, outcomes: list[Any], status: int) -> dict[str, Any]:
+    return {
+        "schema": JSON_SCHEMA,
+        "mode": mode,
+        "tree": str(root),
+        "exit_status": status,
+        "fixes": [_fix_report(outcome) for outcome in outcomes],
+        "conflicts": [],
+        "written": [],
+        "removed": [],
+        "left": [],
+        "diff": None,
+        "patches": [],
+    }
+
+
+def _mode(args: argparse.Namespace) -> str | None:
+    for mode in ("check", "write", "verify", "drop"):
+        if getattr(args, mode):
+            return mode
+    if args.format_patch:
+        return "format-patch"
+    return "diff" if args.diff else None
+
+
+def _problem(args: argparse.Namespace, mode: str | None) -> str | None:
+    """The command line's first problem, in one sentence; None: it is usable."""
+    if args.unexpected:
+        return f"Unexpected argument {args.unexpected[0]}; see --help."
+    if mode is None:
+        return (
+            "Choose one of --check, --diff, --write, --format-patch OUTDIR, "
+            "--verify or --drop."
+        )
+    if args.diff and mode not in ("diff", "drop"):
+        return "--diff goes alone (the edits) or with --drop (the removal)."
+    if args.force and mode != "drop":
+        return "--force is used only with --drop."
+    if args.python is not None and mode != "verify":
+        return "--python is used only with --verify."
+    python = sys.executable if args.python is None else args.python
+    if mode == "verify" and not Path(python).is_file():
+        return f"{python} is not an interpreter (no such file)."
+    unknown = sorted(set(args.fix or ()) - set(_fix_ids()))
+    if unknown:
+        return f"Unknown fix id {unknown[0]}; known: {', '.join(_fix_ids())}."
+    outdir = Path(args.format_patch).expanduser() if args.format_patch else None
+    if outdir is not None and outdir.exists() and not outdir.is_dir():
+        return f"{outdir} exists and is not a directory."
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    from vllm_graphsafe.backport import NotAVllmTreeError, Status, backport
+    from vllm_graphsafe.backport import ConflictError, NotAVllmTreeError
+
+    mode = _mode(args)
+    problem = _problem(args, mode)
+    if problem is not None:
+        _say(problem)
+        return EXIT_BAD_INPUT
+    assert mode is not None
+    root = Path(args.tree).expanduser()
+    try:
+        if mode == "drop":
+            return _drop(args, root)
+        return _edit(args, mode, root)
+    except NotAVllmTreeError as error:
+        _say(f"{error}.")
+        return EXIT_BAD_INPUT
+    except ConflictError as error:
+        _say(f"{str(error)[:1].upper()}{str(error)[1:]}.")
+        if args.json:
+            report = _report(mode, root, [], EXIT_CONFLICTS)
+            report["conflicts"] = error.files
+            print(json.dumps(report, indent=2))
+        return EXIT_CONFLICTS
+
+
+def _check_status(result: Any) -> int:
+    from vllm_graphsafe.backport import Status
+
+    states = {outcome.status for outcome in result.outcomes}
+    if Status.OURS_CHANGED in states:
+        return EXIT_OURS_CHANGED
+    if Status.CANNOT_BIND in states:
+        return EXIT_CANNOT_BIND
+    if states & {Status.NEEDED, Status.BOTH}:
+        return EXIT_FIXES_NEEDED
+    return EXIT_OK
+
+
+def _show_changed(outcomes: list[Any]) -> None:
+    for outcome in outcomes:
+        for changed in outcome.changed:
+            _say(f"{outcome.fix_id}: not as written in {changed.relpath}:")
+            _say(changed.diff.rstrip("\n"))
+
+
+def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
+    from vllm_graphsafe.backport import Status, backport
     from vllm_graphsafe.backport.output import (
         WriteError,
         combined_diff,
@@ -108,84 +274,205 @@ def run(args: argparse.Namespace) -> int:
         write_tree,
     )
 
-    if args.unexpected:
-        _say(f"Unexpected argument {args.unexpected[0]}; see --help.")
-        return EXIT_BAD_INPUT
-    if not (args.check or args.diff or args.write or args.format_patch or args.verify):
-        _say(
-            "Choose one of --check, --diff, --write, --format-patch OUTDIR or --verify."
-        )
-        return EXIT_BAD_INPUT
-    if args.python is not None and not args.verify:
-        _say("--python is used only with --verify.")
-        return EXIT_BAD_INPUT
-    python = sys.executable if args.python is None else args.python
-    if args.verify and not Path(python).is_file():
-        _say(f"{python} is not an interpreter (no such file).")
-        return EXIT_BAD_INPUT
-    unknown = sorted(set(args.fix or ()) - set(_fix_ids()))
-    if unknown:
-        _say(f"Unknown fix id {unknown[0]}; known: {', '.join(_fix_ids())}.")
-        return EXIT_BAD_INPUT
-    root = Path(args.tree).expanduser()
-    outdir = Path(args.format_patch).expanduser() if args.format_patch else None
-    if outdir is not None and outdir.exists() and not outdir.is_dir():
-        _say(f"{outdir} exists and is not a directory.")
-        return EXIT_BAD_INPUT
-    try:
-        result = backport(root, args.fix)
-    except NotAVllmTreeError as error:
-        _say(f"{error}.")
-        return EXIT_BAD_INPUT
-
-    for outcome in result.outcomes:
-        _say(f"{outcome.fix_id}: {outcome.status.value} ({outcome.reason})")
+    result = backport(root, args.fix)
+    if not args.json:
+        for outcome in result.outcomes:
+            _say(describe(outcome))
+        _show_changed(result.outcomes)
     status = EXIT_CANNOT_BIND if result.unbound() else EXIT_OK
-
-    if args.check:
-        if result.unbound():
-            return EXIT_CANNOT_BIND
-        return EXIT_FIXES_NEEDED if result.needed() else EXIT_OK
-    if args.verify:
-        return _verify(result, python)
-    if args.diff:
-        sys.stdout.write(combined_diff(result))
-        return status
-    if args.write:
+    report = _report(mode, root, result.outcomes, status)
+    if mode == "check":
+        status = report["exit_status"] = _check_status(result)
+    elif mode == "verify":
+        status = _verify(
+            result,
+            sys.executable if args.python is None else args.python,
+            report,
+            args.json,
+        )
+        report["exit_status"] = status
+    elif mode == "diff":
+        diff = combined_diff(result)
+        report["diff"] = diff
+        if not args.json:
+            sys.stdout.write(diff)
+    elif mode == "write":
         try:
             written = write_tree(result)
         except WriteError as error:
             _say(f"{error}; nothing was changed.")
-            return EXIT_WRITE_FAILED
-        for relpath in written:
-            _say(f"wrote {relpath}")
-        if written:
-            _say(
-                f"Run the written tests with: vllm-graphsafe backport --tree "
-                f"{args.tree} --verify [--python PATH]"
-            )
-        return status
-    assert outdir is not None
-    try:
-        patches = format_patch(result, outdir, __version__)
-    except OSError as error:
-        _say(f"Cannot write patches into {outdir}: {error.strerror or error}.")
-        return EXIT_BAD_INPUT
-    for path in patches:
-        _say(f"wrote {path}")
-    if not patches and not result.unbound():
-        needed = [o for o in result.outcomes if o.status is Status.NEEDED]
-        assert not needed
-        _say("No patch written: the tree needs none of the fixes.")
+            status = report["exit_status"] = EXIT_WRITE_FAILED
+            written = []
+        report["written"] = written
+        if not args.json:
+            for relpath in written:
+                _say(f"wrote {relpath}")
+            if written:
+                _say(
+                    f"Run the written tests with: vllm-graphsafe backport --tree "
+                    f"{args.tree} --verify [--python PATH]"
+                )
+    else:
+        outdir = Path(args.format_patch).expanduser()
+        try:
+            patches = format_patch(result, outdir, __version__)
+        except OSError as error:
+            _say(f"Cannot write patches into {outdir}: {error.strerror or error}.")
+            return EXIT_BAD_INPUT
+        report["patches"] = [str(path) for path in patches]
+        if not args.json:
+            for path in patches:
+                _say(f"wrote {path}")
+            if not patches and not result.unbound():
+                assert not [o for o in result.outcomes if o.status is Status.NEEDED]
+                _say("No patch written: the tree needs none of the fixes.")
+    if args.json:
+        print(json.dumps(report, indent=2))
     return status
 
 
-def _verify(result: object, python: str) -> int:
+def _drop(args: argparse.Namespace, root: Path) -> int:
+    from vllm_graphsafe.backport import Status, drop
+    from vllm_graphsafe.backport.output import WriteError, apply_changes, tree_diff
+
+    dropping = drop(root, args.fix, force=args.force)
+    report = _report("drop", root, dropping.outcomes, EXIT_OK)
+    refused = [
+        o
+        for o in dropping.outcomes
+        if o.status is Status.OURS_CHANGED and not args.force
+    ]
+    if not args.json:
+        for outcome in dropping.outcomes:
+            _say(describe(outcome))
+    if refused:
+        if not args.json:
+            _show_changed(refused)
+            _say(
+                "Nothing was dropped: our edit was changed since it was written "
+                "(above). Resolve it, or drop what is still ours with --force."
+            )
+        report["exit_status"] = EXIT_OURS_CHANGED
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return EXIT_OURS_CHANGED
+    if dropping.entangled:
+        for entangled in dropping.entangled:
+            _say(f"Not dropped: {entangled}.")
+        report["exit_status"] = EXIT_OURS_CHANGED
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return EXIT_OURS_CHANGED
+    written = {p: t for p, t in dropping.changes.items() if t is not None}
+    removed = sorted(p for p, t in dropping.changes.items() if t is None)
+    if args.diff:
+        before = {p: _read(root / p) for p in dropping.changes}
+        after = {p: t if t is not None else "" for p, t in dropping.changes.items()}
+        diff = _drop_diff(before, after, removed, tree_diff)
+        report["diff"] = diff
+        if not args.json:
+            sys.stdout.write(diff)
+    else:
+        try:
+            apply_changes(root, dropping.changes, dropping.directories)
+        except WriteError as error:
+            _say(f"{error}; nothing was changed.")
+            report["exit_status"] = EXIT_WRITE_FAILED
+            if args.json:
+                print(json.dumps(report, indent=2))
+            return EXIT_WRITE_FAILED
+        report["written"] = sorted(written)
+        report["removed"] = removed
+        if not args.json:
+            for relpath in sorted(written):
+                _say(f"restored {relpath}")
+            for relpath in removed:
+                _say(f"removed {relpath}")
+    report["left"] = [{"file": c.relpath, "diff": c.diff} for c in dropping.left]
+    if dropping.left and not args.json:
+        _say("Left in place (changed since it was written):")
+        for changed in dropping.left:
+            _say(changed.diff.rstrip("\n"))
+    if not dropping.changes and not args.json:
+        _say("Nothing to drop: the tree carries none of our edits.")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return EXIT_OK
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _drop_diff(
+    before: dict[str, str | None],
+    after: dict[str, str],
+    removed: list[str],
+    tree_diff: Any,
+) -> str:
+    from vllm_graphsafe.backport.output import file_diff
+
+    parts = []
+    for relpath in sorted(after):
+        if relpath in removed:
+            parts.append(_deletion(relpath, before.get(relpath) or ""))
+        else:
+            parts.append(file_diff(relpath, before.get(relpath), after[relpath]))
+    return "".join(parts)
+
+
+def _deletion(relpath: str, text: str) -> str:
+    import difflib
+
+    lines = list(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            [],
+            fromfile=f"a/{relpath}",
+            tofile="/dev/null",
+        )
+    )
+    body = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        for line in lines
+    )
+    return f"diff --git a/{relpath} b/{relpath}\ndeleted file mode 100644\n" + body
+
+
+def _verify_report(line: Any) -> dict[str, Any]:
+    counts = line.counts
+    return {
+        "ok": line.ok,
+        "passed": None if counts is None else counts.passed,
+        "failed": None if counts is None else counts.failures,
+        "errors": None if counts is None else counts.errors,
+        "skipped": None if counts is None else counts.skipped,
+        "could_not_run": line.could_not_run,
+        "rerun": line.rerun,
+        "line": line.line,
+    }
+
+
+def _verify(
+    result: object,
+    python: str,
+    report: dict[str, Any] | None = None,
+    quiet: bool = False,
+) -> int:
     from vllm_graphsafe.backport import Backport
     from vllm_graphsafe.backport.tree_tests import verify_tree
 
     assert isinstance(result, Backport)
     lines = verify_tree(result, python)
     for line in lines:
-        _say(f"{line.fix_id} tests: {line.line}")
+        if not quiet:
+            _say(f"{line.fix_id} tests: {line.line}")
+        if report is not None:
+            for fix in report["fixes"]:
+                if fix["id"] == line.fix_id:
+                    fix["verify"] = _verify_report(line)
     return EXIT_OK if all(line.ok for line in lines) else EXIT_VERIFY_FAILED

@@ -11,42 +11,39 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
+import os
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from vllm_graphsafe.cli import exit_statuses
 from vllm_graphsafe.cli.startup_phases import progress_line, startup_phase
-from vllm_graphsafe.probe.errors import EXIT_INCOMPLETE
-from vllm_graphsafe.settings import DISABLE_ENV, EMULATE_ENV, STATS_DIR_ENV
+from vllm_graphsafe.probe.settings import DEFAULT_DECODE_TOKENS
+from vllm_graphsafe.settings import (
+    CACHE_DIR_ENV,
+    DISABLE_ENV,
+    EMULATE_ENV,
+    STATS_DIR_ENV,
+)
 
 if TYPE_CHECKING:
     from vllm_graphsafe.local_engine.launcher import LocalServer
 
-EXIT_SERVER_FAILED = 3
-EXIT_NO_VLLM = 11
-EXIT_PORT_IN_USE = 12
-EXIT_HAZARD_NOT_SHOWN = 13
-EXIT_INTERRUPTED = 130
+EXIT_SERVER_FAILED = exit_statuses.DEMO_SERVER_NOT_HEALTHY
+EXIT_NO_VLLM = exit_statuses.DEMO_NO_VLLM
+EXIT_PORT_IN_USE = exit_statuses.DEMO_PORT_IN_USE
+EXIT_HAZARD_NOT_SHOWN = exit_statuses.DEMO_HAZARD_NOT_SHOWN
+EXIT_INTERRUPTED = exit_statuses.DEMO_INTERRUPTED
 
-EPILOG = f"""\
-exit status:
-  0      the probe passed: every check ran and passed
-  1..10  the probe's own statuses (see `vllm-graphsafe probe --help`)
-  {EXIT_INCOMPLETE}     the probe's: no check failed, but a check could not run
-  {EXIT_SERVER_FAILED}      the server did not become healthy
-  {EXIT_NO_VLLM}     vLLM is not installed in this Python environment
-  {EXIT_PORT_IN_USE}     --port is in use
-  {EXIT_HAZARD_NOT_SHOWN}     the emulated bug did not show as garbage, then clean
-  128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
-"""
+EPILOG = exit_statuses.help_text("demo")
 
 CPU_NOTE = (
     "Note: a CPU runs no CUDA graphs. The statistics below are the decisions the "
@@ -87,8 +84,16 @@ PROGRESS_EVERY_S = 10.0
 LOOK_EVERY_S = 2.0
 #: Whole lines of the server's log shown when it fails to start.
 FAILURE_LOG_LINES = 30
-#: A server still running this long after its signal is killed.
+#: How long vLLM waits for its engine processes to end once the demo stops a
+#: server. vLLM's default, 0, kills them at once (its "force killing" warnings
+#: in the log of a run that ended well).
+SHUTDOWN_TIMEOUT_S = 10
+STOP_CLEANLY = ("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S))
+#: A server still running this long after its signal is killed: one still
+#: starting (vLLM stops nothing in order then), one serving (vLLM's own wait
+#: first).
 STOP_WITHIN_S = 8.0
+SERVING_STOP_WITHIN_S = SHUTDOWN_TIMEOUT_S + 5.0
 
 
 class Stopped(Exception):
@@ -103,24 +108,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir",
         default=None,
-        help="where to build the tiny model and keep vLLM's caches "
-        "(default: ./.cache/vllm-graphsafe)",
+        metavar="DIR",
+        help="where to build the tiny model and keep vLLM's caches, the servers' "
+        "logs and the fixes' verdicts (default: ./.cache/vllm-graphsafe)",
     )
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="the server's port on 127.0.0.1 (default: %(default)s, a free one)",
+    )
     parser.add_argument(
         "--startup-timeout",
         type=float,
         default=300.0,
-        help="seconds to wait for the server to become healthy",
+        metavar="SECONDS",
+        help="seconds to wait for each server to become healthy (default: %(default)g)",
     )
     parser.add_argument(
-        "--num-speculative-tokens", type=int, default=3, help="ngram draft tokens (K)"
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        metavar="K",
+        help="ngram draft tokens (default: %(default)s)",
     )
     parser.add_argument(
         "--decode-tokens",
         type=int,
         default=None,
-        help="least tokens of the probe's long decode (default: the probe's)",
+        metavar="N",
+        help="least tokens of the probe's long decode (default: the probe's, "
+        f"{DEFAULT_DECODE_TOKENS})",
     )
     parser.add_argument(
         "--without-plugin",
@@ -133,7 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the before/after of the emulated bug (it starts a second server "
         "with the plugin disabled)",
     )
-    parser.add_argument("--json", default=None, help="also write the probe report here")
+    parser.add_argument(
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="also write the probe's JSON report to PATH",
+    )
 
 
 def section(title: str) -> None:
@@ -189,10 +212,11 @@ def server_temp_dir(workdir: Path) -> Path:
 
 
 def stop(server: LocalServer, what: str) -> None:
-    """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``."""
+    """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``
+    (``SERVING_STOP_WITHIN_S`` once it serves)."""
     if server.process.poll() is None:
         print(f"stopping {what} (pid {server.process.pid}) ...", flush=True)
-    server.stop(timeout=STOP_WITHIN_S)
+    server.stop(timeout=SERVING_STOP_WITHIN_S if server.serving else STOP_WITHIN_S)
 
 
 def server_log(server: LocalServer) -> str:
@@ -289,6 +313,38 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(extra, ignore_errors=True)
 
 
+def verdict_dir(cache_dir: Path, environ: Mapping[str, str]) -> str:
+    """Where the demo's processes keep the fixes' verdicts: the user's
+    ``GRAPHSAFE_CACHE_DIR`` if set, else inside the demo's cache directory."""
+    return environ.get(CACHE_DIR_ENV) or str(cache_dir / "verdicts")
+
+
+def server_overrides(
+    args: argparse.Namespace,
+    cache_dir: Path,
+    stats_dir: Path,
+    server_tmp: Path,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """What the demo's first server's environment sets beyond the caller's."""
+    overrides = {
+        STATS_DIR_ENV: str(stats_dir),
+        "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+        CACHE_DIR_ENV: verdict_dir(
+            cache_dir, os.environ if environ is None else environ
+        ),
+        # What a server killed mid-start leaves there goes with the demo's directory.
+        "TMPDIR": str(server_tmp),
+    }
+    if args.without_plugin:
+        overrides[DISABLE_ENV] = "all"
+    elif not args.no_hazard:
+        # With the plugin enabled the emulator never fires; it is on so that the
+        # before/after below compares two servers that differ only by the plugin.
+        overrides[EMULATE_ENV] = "1"
+    return overrides
+
+
 def _run(args: argparse.Namespace, workdir: Path) -> int:
     from vllm_graphsafe.local_engine.launcher import (
         ServerStartError,
@@ -304,19 +360,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"{model_dir} ({time.monotonic() - started:.1f} s)")
 
     stats_dir = workdir / "stats"
-    server_tmp = server_temp_dir(workdir)
-    overrides = {
-        STATS_DIR_ENV: str(stats_dir),
-        "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-        # What a server killed mid-start leaves there goes with the demo's directory.
-        "TMPDIR": str(server_tmp),
-    }
-    if args.without_plugin:
-        overrides[DISABLE_ENV] = "all"
-    elif not args.no_hazard:
-        # With the plugin enabled the emulator never fires; it is on so that the
-        # before/after below compares two servers that differ only by the plugin.
-        overrides[EMULATE_ENV] = "1"
+    overrides = server_overrides(args, cache_dir, stats_dir, server_temp_dir(workdir))
     section(SERVER_SECTION)
     server = start_server(
         model_dir,
@@ -324,6 +368,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         log_path=cache_dir / "demo-server.log",
         port=args.port,
         num_speculative_tokens=args.num_speculative_tokens,
+        extra_args=STOP_CLEANLY,
     )
     try:
         print(server.command_line())
@@ -335,7 +380,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             print(error, file=sys.stderr)
             return EXIT_SERVER_FAILED
         print(f"healthy at {server.base_url} after {time.monotonic() - started:.0f} s")
-        status = _show(args, server, stats_dir)
+        status = _show(args, server, stats_dir, overrides[CACHE_DIR_ENV])
         if args.without_plugin or args.no_hazard:
             return status
         return _show_hazard(args, server, overrides, cache_dir) or status
@@ -369,6 +414,7 @@ def _show_hazard(
         env=server_environment(before_env),
         log_path=cache_dir / "demo-server-without-plugin.log",
         num_speculative_tokens=args.num_speculative_tokens,
+        extra_args=STOP_CLEANLY,
     )
     try:
         try:
@@ -392,12 +438,20 @@ def _show_hazard(
     return 0 if shown else EXIT_HAZARD_NOT_SHOWN
 
 
-def _show(args: argparse.Namespace, server: LocalServer, stats_dir: Path) -> int:
+def _show(
+    args: argparse.Namespace, server: LocalServer, stats_dir: Path, verdicts: str
+) -> int:
     from vllm_graphsafe.cli import doctor
     from vllm_graphsafe.counts import metrics, read_stats_dir, render_stats
+    from vllm_graphsafe.fixes import all_patches
+    from vllm_graphsafe.registry import Registry
 
     section(DOCTOR_SECTION)
-    print(doctor.render_report(doctor.collect_report(False, None)))
+    # Judged as the servers' processes judge: with the verdicts the demo keeps.
+    settings = Registry(all_patches()).read_settings(
+        {**os.environ, CACHE_DIR_ENV: verdicts}
+    )
+    print(doctor.render_report(doctor.collect_report(False, None, settings)))
 
     section(PROBE_SECTION)
     print(RANDOM_WEIGHTS_NOTE)

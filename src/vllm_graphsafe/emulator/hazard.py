@@ -1,9 +1,10 @@
 """What the graph-hazard emulator decides, without vLLM: pure and unit-tested.
 
-A step is *hazardous* when the decision handed to the CUDA-graph dispatcher
-says uniform decode while the attention metadata builders of a hybrid model run
-a scheduled row as a prefill (:func:`builder_prefill_rows`): a GPU would replay
-the FULL decode graph over prefill metadata. Every request
+A step is *hazardous* when the FULL decode graph replays (the decision handed
+to the CUDA-graph dispatcher said uniform decode, and nothing ran the step
+without the graph before the replay) while the attention metadata builders of
+a hybrid model run a scheduled row as a prefill (:func:`builder_prefill_rows`):
+the graph replays over prefill metadata. Every request
 scheduled in such a step is *poisoned* (the prefill rows, and the decode rows
 sharing the step, the worst case), and from then on each token sampled for it
 is replaced by the first id past the vocabulary, as an affected GPU server shows
@@ -85,7 +86,7 @@ def step_prefill_rows(scheduler_output: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class HazardStep:
-    """A real step the dispatcher was told was uniform decode, with prefill rows."""
+    """A real step whose FULL decode graph replayed over prefill rows."""
 
     step: int
     scheduled: tuple[str, ...]
@@ -94,18 +95,24 @@ class HazardStep:
 
 @dataclass
 class StepObservation:
-    """What one real step handed to the dispatcher (the last call wins)."""
+    """What one real step handed to the dispatcher (the last call wins), and
+    whether its FULL decode graph replayed."""
 
     scheduled: tuple[str, ...]
     prefill_rows: tuple[str, ...] = ()
     uniform_decode: bool | None = None
+    replayed: bool = False
 
     def observe(self, uniform_decode: bool) -> None:
         self.uniform_decode = uniform_decode
 
+    def replay(self) -> None:
+        """The step's FULL decode graph replayed."""
+        self.replayed = True
+
     @property
     def hazardous(self) -> bool:
-        return bool(self.uniform_decode) and bool(self.prefill_rows)
+        return self.replayed and bool(self.prefill_rows)
 
 
 def corrupted_tokens(

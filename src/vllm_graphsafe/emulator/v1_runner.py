@@ -1,6 +1,6 @@
 """Binds the graph-hazard emulator to vLLM's V1 model runner (and its CPU subclass).
 
-Three wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
+Four wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
 (so only in the processes that run a model):
 
 ``GPUModelRunner.execute_model``
@@ -14,21 +14,30 @@ Three wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
     Which scheduled rows a hybrid model's metadata builders run as prefills
     comes from the step's scheduler output
     (:func:`vllm_graphsafe.emulator.hazard.step_prefill_rows`).
+``GPUModelRunner._model_forward``
+    on a step dispatched as uniform decode, the forward goes through a FULL
+    decode graph as on a GPU (:mod:`vllm_graphsafe.emulator.replay`): vLLM's
+    own ``CUDAGraphWrapper``, called in a forward context that asks for FULL
+    with a uniform batch descriptor, whose captured "graph" is the emulator's.
+    Whatever stands at that call on a GPU has its say first; only when the
+    wrapper really replays does the emulator apply the hazard.
 ``GPUModelRunner.execute_model`` / ``sample_tokens`` return values
     a ``ModelRunnerOutput``'s sampled ids of poisoned requests are replaced by
     the first id past the vocabulary. The runner's own token state is left
     alone: the API answer carries the corruption, the engine keeps running.
 
 In the physical mode (:mod:`vllm_graphsafe.emulator.physical`) no id is
-replaced; a fourth wrapper, on ``GDNAttentionMetadataBuilder.build``, builds a
-hazardous step's linear-attention metadata as the FULL decode graph's replay
-would read it, and vLLM's own kernels corrupt the recurrent state.
+replaced; a fifth wrapper, on ``GDNAttentionMetadataBuilder.build``, keeps
+each step's build and the persistent buffers a decode step stages, and a
+replay over a prompt row runs the linear-attention layers on the metadata the
+captured decode graph reads, so vLLM's own kernels corrupt the recurrent state.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -42,6 +51,7 @@ from vllm_graphsafe.emulator.hazard import (
     dispatched_uniform_decode,
     step_prefill_rows,
 )
+from vllm_graphsafe.emulator.replay import FullDecodeGraph
 
 RUNNER_MODULE = vllm_layout.V1_RUNNER
 DISPATCHER_MODULE = vllm_layout.CUDAGRAPH_DISPATCHER
@@ -56,6 +66,11 @@ class BindError(RuntimeError):
 class _Step(threading.local):
     runner: Any = None
     observation: StepObservation | None = None
+    #: The GDN builds of the open step: metadata id -> (builder, build call).
+    builds: dict[int, tuple[Any, dict[str, Any]]]
+
+    def __init__(self) -> None:
+        self.builds = {}
 
 
 class V1RunnerEmulator:
@@ -63,15 +78,19 @@ class V1RunnerEmulator:
         self.state = state
         self.physical = mode == physical.PHYSICAL
         self._step = _Step()
+        self._graphs: weakref.WeakKeyDictionary[Any, FullDecodeGraph] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._gdn_build: Any = None
 
     def bind(self, runner_module: ModuleType) -> None:
         runner_class = getattr(runner_module, RUNNER_CLASS, None)
         dispatcher_module = importlib.import_module(DISPATCHER_MODULE)
         dispatcher_class = getattr(dispatcher_module, DISPATCHER_CLASS, None)
         missing = [
-            f"{RUNNER_MODULE}.{RUNNER_CLASS}.execute_model"
-            for owner in (runner_class,)
-            if not hasattr(owner, "execute_model")
+            f"{RUNNER_MODULE}.{RUNNER_CLASS}.{method}"
+            for method in ("execute_model", "_model_forward")
+            if not hasattr(runner_class, method)
         ] + [
             f"{DISPATCHER_MODULE}.{DISPATCHER_CLASS}.dispatch"
             for owner in (dispatcher_class,)
@@ -85,15 +104,17 @@ class V1RunnerEmulator:
                 runner_class, "sample_tokens", self._on_sample_tokens
             )
         wrapt.wrap_function_wrapper(dispatcher_class, "dispatch", self._on_dispatch)
+        wrapt.wrap_function_wrapper(runner_class, "_model_forward", self._on_forward)
         if self.physical:
             self._bind_physical()
 
     def _bind_physical(self) -> None:
         module = vllm_layout.GDN_ATTENTION_BACKEND
         builder = vllm_layout.GDN_BUILDER_CLASS
-        builder_class = getattr(importlib.import_module(module), builder, None)
+        builder_class: Any = getattr(importlib.import_module(module), builder, None)
         if not hasattr(builder_class, "build"):
             raise BindError(f"this vLLM has no {module}.{builder}.build")
+        self._gdn_build = builder_class.build
         wrapt.wrap_function_wrapper(builder_class, "build", self._on_gdn_build)
 
     # ----------------------------------------------------------------- wrappers
@@ -114,6 +135,7 @@ class V1RunnerEmulator:
             output = wrapped(*args, **kwargs)
         finally:
             self._step.runner, self._step.observation = None, None
+            self._step.builds = {}
         self.state.finish_step(observation)
         return self._corrupt(runner, output)
 
@@ -137,16 +159,59 @@ class V1RunnerEmulator:
             observation.observe(dispatched_uniform_decode(args, kwargs))
         return wrapped(*args, **kwargs)
 
-    def _on_gdn_build(
-        self, wrapped: Any, builder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _on_forward(
+        self, wrapped: Any, runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        staged = _staged_buffers(builder)
+        """A step dispatched as uniform decode runs through a FULL decode graph."""
         observation = self._step.observation
-        if observation is None or not observation.hazardous:
-            metadata = wrapped(*args, **kwargs)
-            staged.record(metadata)
-            return metadata
-        call = _build_call(args, kwargs)
+        if (
+            observation is None
+            or not observation.uniform_decode
+            or runner is not self._step.runner
+        ):
+            return wrapped(*args, **kwargs)
+        graph = self._graphs.get(runner)
+        if graph is None:
+            graph = self._graphs[runner] = FullDecodeGraph(runner, self._replay_forward)
+        return graph(wrapped, observation, runner.input_batch.num_reqs, args, kwargs)
+
+    def _replay_forward(
+        self,
+        forward: Any,
+        observation: StepObservation,
+        context: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """What the captured decode graph computes when it replays this step."""
+        observation.replay()
+        if not (self.physical and observation.prefill_rows):
+            return forward(*args, **kwargs)
+        real = context.attn_metadata
+        context.attn_metadata = self._replayed_metadata(real)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            context.attn_metadata = real
+
+    def _replayed_metadata(self, per_layer: Any) -> Any:
+        """The step's metadata with each linear-attention group's as the
+        captured decode graph reads it."""
+        if not isinstance(per_layer, dict):
+            return per_layer
+        replayed: dict[int, Any] = {}
+        swapped = dict(per_layer)
+        for name, metadata in per_layer.items():
+            built = self._step.builds.get(id(metadata))
+            if built is None:
+                continue
+            if id(metadata) not in replayed:
+                replayed[id(metadata)] = self._replay_view(*built)
+            swapped[name] = replayed[id(metadata)]
+        return swapped
+
+    def _replay_view(self, builder: Any, call: dict[str, Any]) -> Any:
+        call = dict(call)
         common = call["common_attn_metadata"]
         if builder.use_spec_decode:
             call["num_decode_draft_tokens_cpu"] = physical.decode_draft_counts(
@@ -154,7 +219,16 @@ class V1RunnerEmulator:
             )
         else:
             call["common_attn_metadata"] = common.replace(is_prefilling=None)
-        return staged.replayed(wrapped(**call))
+        return _staged_buffers(builder).replayed(self._gdn_build(builder, **call))
+
+    def _on_gdn_build(
+        self, wrapped: Any, builder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        metadata = wrapped(*args, **kwargs)
+        _staged_buffers(builder).record(metadata)
+        if self._step.observation is not None:
+            self._step.builds[id(metadata)] = (builder, _build_call(args, kwargs))
+        return metadata
 
     # ------------------------------------------------------------------ helpers
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from vllm_graphsafe.fixes import (
     mrv2_phase_dispatch,
+    replay_guard,
     v1_dummy_staging,
     v1_phase_dispatch,
 )
@@ -35,11 +36,13 @@ __all__ = [
 ]
 
 #: Every fix, in the order it is applied and backported (the two V1 fixes edit
-#: the same runner file, in this order).
+#: the same runner file, in this order; the replay guard edits MRV2's runner
+#: after its dispatch fix).
 ALL_FIXES: tuple[Fix, ...] = (
     v1_phase_dispatch.FIX,
     v1_dummy_staging.FIX,
     mrv2_phase_dispatch.FIX,
+    replay_guard.FIX,
 )
 
 

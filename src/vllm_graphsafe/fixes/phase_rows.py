@@ -4,72 +4,30 @@ The stock rule looks at the batch's shape only: every request schedules the
 same number of tokens. A prompt chunk of exactly ``1 + num_speculative_tokens``
 tokens has that shape too. The phase rule adds the missing half.
 
-Model Runner V2 asks whether every scheduled request had computed its whole
-prompt (:class:`RowPrefix`). The V1 runner's attention metadata builders
+Model Runner V2 asks whether a scheduled request is still in its prompt
+(:class:`PrefillColumns`). The V1 runner's attention metadata builders
 classify rows differently, and the V1 rule follows them
 (:func:`rows_are_speculative_decodes`, :func:`rows_have_prior_state`): a row
 resumed after preemption re-prefills output tokens past its prompt without
 drafts (a prefill to the builders), and the scheduler pads a request with all
 but its last prompt token computed to ``1 + K`` tokens with placeholder drafts
-(a decode to the builders).
+(a decode to the builders). A runner that holds no builders' counts (one
+built for a test with its input batch alone) is read by prompt length and
+each row's drafts instead (:func:`rows_past_prompt_with_drafts`).
+
+These run on every step. What each keeps from one step to the next is there
+because ``docs/benchmarks.md`` ("What the per-step code keeps") measured it at
+more than a tenth of its hook's own per-step cost; the comment beside each says
+how much.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Hashable, Iterable, Mapping
+from collections.abc import Collection, Mapping, Sequence, Sized
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
-
-try:  # numpy 2's C entry point, without the keyword handling of np.count_nonzero
-    from numpy._core.multiarray import count_nonzero as _count_nonzero
-except ImportError:  # numpy 1
-    _count_nonzero = np.count_nonzero
-
-_less = np.less
-
-_NO_ROWS = np.empty(0, dtype=np.intp)
-_NO_ROWS.flags.writeable = False
-
-
-class RowPrefix:
-    """The first ``num_rows`` rows of a computed and a prompt column, sliced once.
-
-    For a per-step check over a persistent batch: the views (and the buffer
-    the comparison writes to) are made once per batch size and stay valid as
-    long as the batch keeps the same column arrays, which ``computed`` and
-    ``prompt`` identify.
-    """
-
-    __slots__ = ("_computed_rows", "_in_prefill", "_prompt_rows", "computed", "prompt")
-
-    def __init__(self, computed: np.ndarray, prompt: np.ndarray, num_rows: int) -> None:
-        self.computed = computed
-        self.prompt = prompt
-        self._computed_rows = computed[:num_rows]
-        self._prompt_rows = prompt[:num_rows]
-        self._in_prefill = np.empty(len(self._computed_rows), dtype=bool)
-
-    def past_prefill(self) -> bool:
-        """Whether every row of the prefix is past its prompt (columns as now)."""
-        return not _count_nonzero(
-            _less(self._computed_rows, self._prompt_rows, self._in_prefill)
-        )
-
-    def rows_in_prefill(self) -> np.ndarray:
-        """Indices of the prefix's rows still in their prompt, as the columns are now.
-
-        For a state table that holds every live request in rows reached through
-        a map (Model Runner V2's request states): in steady decoding few rows
-        are in prefill, so scanning them beats looking up every scheduled
-        request.
-        """
-        in_prefill = _less(self._computed_rows, self._prompt_rows, self._in_prefill)
-        if not _count_nonzero(in_prefill):
-            return _NO_ROWS
-        rows: np.ndarray = in_prefill.nonzero()[0]
-        return rows
 
 
 class PrefillColumns:
@@ -79,12 +37,10 @@ class PrefillColumns:
 
     The answer is read through the scheduled request ids (each one's row in
     ``row_of``), but only where some row of the table is in prefill at all:
-    in steady decoding no row is, which the columns say by holding the same
-    bytes (a decoding row has computed exactly its prefill), or else by one
-    vectorised comparison.
+    in steady decoding no row is.
     """
 
-    __slots__ = ("_computed", "_in_prefill", "_prefill_len", "_same_layout")
+    __slots__ = ("_computed", "_prefill_len", "_same_layout")
 
     def __init__(self, computed: np.ndarray, prefill_len: np.ndarray) -> None:
         """Two columns of one shape (``ValueError`` otherwise)."""
@@ -98,7 +54,6 @@ class PrefillColumns:
         self._same_layout = (
             computed.dtype == prefill_len.dtype and computed.dtype.kind in "iu"
         )
-        self._in_prefill = np.empty(computed.shape, bool)
 
     def scheduled_in_prefill(
         self, row_of: Mapping[Any, int], scheduled: Collection[Any]
@@ -107,20 +62,24 @@ class PrefillColumns:
         the columns are now). A scheduled request without a row raises
         ``KeyError`` wherever the table has a row in prefill."""
         computed, prefill_len = self._computed, self._prefill_len
+        # A decoding row has computed exactly its prefill, so in steady
+        # decoding the two columns hold the same bytes: comparing them first
+        # saves 0.4-0.6 µs of the hook's 1.5-1.7 µs per step (docs/benchmarks.md).
         if self._same_layout and computed.tobytes() == prefill_len.tobytes():
             return False
-        in_prefill = _less(computed, prefill_len, self._in_prefill)
-        if not _count_nonzero(in_prefill):
+        in_prefill = computed < prefill_len
+        if not np.count_nonzero(in_prefill):
             return False
+        if not scheduled:
+            return False
+        # The ids' rows looked up in C, one call for all of them, and turned
+        # into an index array of known length: a Python loop would add about a
+        # fifth to the worst case's per-step cost, np.array about a tenth at
+        # 1024 requests (docs/benchmarks.md).
         count = len(scheduled)
-        if count > 1:
-            found: Any = itemgetter(*scheduled)(row_of)
-        elif count:
-            found = (row_of[next(iter(scheduled))],)
-        else:
-            return False
-        rows = np.fromiter(found, dtype=np.intp, count=count)
-        return bool(_count_nonzero(in_prefill[rows]))
+        found = itemgetter(*scheduled)(row_of)
+        rows = np.fromiter(found if count > 1 else (found,), np.intp, count)
+        return bool(np.count_nonzero(in_prefill[rows]))
 
 
 def rows_are_speculative_decodes(
@@ -134,60 +93,54 @@ def rows_are_speculative_decodes(
     chunk, or output tokens re-computed after preemption, which carry no
     drafts).
 
-    Per step this copies the rows' bytes into a kept buffer and compares them
-    with those of ``num_drafts`` repeated (an integer column has one byte
-    pattern per value); the view, the buffer and the pattern are made again
-    only when the column, the row count or the value changes.
+    Per step this compares the rows' bytes with those of ``num_drafts``
+    repeated (an integer column has one byte pattern per value). The view of
+    the rows and that pattern are kept, and made again only when the column,
+    the row count or the value changes: making them each step would cost more
+    than the whole hook does now (docs/benchmarks.md).
     """
-    column, rows, value, view, expected, source, copied, target = _last_uniform_check[0]
+    column, rows, value, view, expected = _last_uniform_check[0]
     if column is not decode_draft_counts or rows != num_rows or value != num_drafts:
         check = _uniform_check(decode_draft_counts, num_rows, num_drafts)
         _last_uniform_check[0] = check
-        column, rows, value, view, expected, source, copied, target = check
-    if source is not None:
-        target[:] = source
-        same: bool = copied == expected
-        return same
+        column, rows, value, view, expected = check
     if expected is not None:
-        same = view.tobytes() == expected
+        same: bool = view.tobytes() == expected
         return same
     if view is None:
         return False
-    return not _count_nonzero(view != num_drafts)
+    return not np.count_nonzero(view != num_drafts)
 
 
-#: The column, row count and value last checked; the view of those rows; the
-#: bytes of the value repeated over them (None where bytes cannot say it); and
-#: the rows as bytes (None: not contiguous), with the buffer they are copied to
-#: and its view. One tuple, replaced whole, so a thread never sees half of an
-#: update. A per-step caller may compare against it before calling.
-UniformCheck = tuple[Any, int, int, Any, Any, Any, Any, Any]
-LAST_UNIFORM_CHECK: list[UniformCheck] = [(None, -1, 0, None, None, None, None, None)]
-_last_uniform_check = LAST_UNIFORM_CHECK
+#: The column, row count and value last checked; the view of those rows (None:
+#: the column has fewer); the bytes of the value repeated over them (None where
+#: bytes cannot say it). One tuple, replaced whole, so a thread never sees half
+#: of an update.
+UniformCheck = tuple[Any, int, int, Any, "bytes | None"]
+_last_uniform_check: list[UniformCheck] = [(None, -1, 0, None, None)]
 
 
 def _uniform_check(column: Any, num_rows: int, value: int) -> UniformCheck:
     """What :func:`rows_are_speculative_decodes` keeps for these three."""
     view = column[:num_rows]
     if len(view) != num_rows:
-        return (column, num_rows, value, None, None, None, None, None)
+        return (column, num_rows, value, None, None)
     if not isinstance(view, np.ndarray) or view.dtype.kind not in "iu":
-        return (column, num_rows, value, view, None, None, None, None)
+        return (column, num_rows, value, view, None)
     limits = np.iinfo(view.dtype)
     if not (isinstance(value, int | np.integer) and limits.min <= value <= limits.max):
-        return (column, num_rows, value, view, None, None, None, None)
+        return (column, num_rows, value, view, None)
     expected = np.full(num_rows, value, dtype=view.dtype).tobytes()
-    if not view.flags.c_contiguous:
-        return (column, num_rows, value, view, expected, None, None, None)
-    copied = bytearray(len(expected))
-    source = view.data.cast("B")
-    return (column, num_rows, value, view, expected, source, copied, memoryview(copied))
+    return (column, num_rows, value, view, expected)
 
 
 def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
     """Without speculation: whether each of the first ``num_rows`` rows had
     computed a token before this step (one new token over prior state is a
     decode to the builders, the last token of a chunked prompt included)."""
+    # The view of the rows is kept while the column and row count repeat:
+    # slicing each step would add about a fifth to the rule's own per-step
+    # cost without speculation (docs/benchmarks.md).
     column, rows, view = _last_prior_state_check[0]
     if column is not computed or rows != num_rows:
         view = computed[:num_rows]
@@ -197,8 +150,7 @@ def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
     if view is None:
         return False
     if isinstance(view, np.ndarray):
-        # Every row nonzero, counted without a ufunc reduction.
-        return bool(_count_nonzero(view) == num_rows)
+        return bool(np.count_nonzero(view) == num_rows)
     return bool(view.all())
 
 
@@ -207,16 +159,27 @@ def rows_have_prior_state(computed: np.ndarray, num_rows: int) -> bool:
 _last_prior_state_check: list[tuple[Any, int, Any]] = [(None, -1, None)]
 
 
-def any_row_scheduled(
-    rows: np.ndarray | Iterable[int],
-    owner_of_row: Mapping[int, Hashable],
-    scheduled: Container[Hashable],
+def rows_past_prompt_with_drafts(
+    computed: np.ndarray,
+    prompt: np.ndarray,
+    scheduled_drafts: Sequence[Sized] | None,
+    num_rows: int,
+    num_drafts: int,
 ) -> bool:
-    """Whether a request that owns one of ``rows`` is scheduled this step.
+    """With speculation, where the runner holds no builders' draft counts (a
+    runner built with its input batch alone, as upstream's tests build it):
+    whether each of the first ``num_rows`` rows had computed its whole prompt
+    and, where the batch lists each row's drafts this step
+    (``scheduled_drafts``), was handed ``num_drafts`` of them.
 
-    Rows without an owner (freed rows keep their last counts) never count:
-    their owner reads as ``None``, which is no request id.
+    Stricter than the builders, never looser: a prompt tail padded with
+    placeholder drafts is a decode to them and a prefill here.
     """
-    if isinstance(rows, np.ndarray):
-        rows = rows.tolist()
-    return any(map(scheduled.__contains__, map(owner_of_row.get, rows)))
+    computed_rows, prompt_rows = computed[:num_rows], prompt[:num_rows]
+    if len(computed_rows) != num_rows or len(prompt_rows) != num_rows:
+        return False
+    if np.count_nonzero(computed_rows < prompt_rows):
+        return False
+    if scheduled_drafts is None:
+        return True
+    return all(len(scheduled_drafts[row]) == num_drafts for row in range(num_rows))

@@ -68,6 +68,8 @@ class LocalServer:
     env: Mapping[str, str] | None
     #: The server's own temporary folder (its ``TMPDIR``), removed by :meth:`stop`.
     temp_dir: Path | None = None
+    #: Whether ``/health`` has answered: vLLM handles its stop signal from then on.
+    serving: bool = False
 
     def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
         """The server's command as a shell line that starts it again."""
@@ -93,6 +95,7 @@ class LocalServer:
                     f"{self.base_url}/health", timeout=2
                 ) as response:
                     if response.status == 200:
+                        self.serving = True
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -105,10 +108,20 @@ class LocalServer:
         )
 
     def stop(self, signal_number: int = signal.SIGINT, timeout: float = 30.0) -> None:
-        """Signal the server's process group (SIGINT unless told) and wait until
-        every process in it has ended; kill the group if any lingers."""
+        """Signal the server (SIGINT unless told) and wait until every process
+        of its group has ended; kill the group if any lingers.
+
+        A serving server gets the signal alone, as an orchestrator stops it:
+        vLLM then stops its engine processes in order (a signal to each of them
+        at once makes them race their parent's shutdown, which logs the engine
+        as dead). One still starting handles no signal until it serves, so its
+        whole group gets it.
+        """
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal_number)
+            if self.serving:
+                self.process.send_signal(signal_number)
+            else:
+                os.killpg(self.process.pid, signal_number)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -2,39 +2,41 @@
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_BAD_ARGUMENT = 2
-EXIT_UNREACHABLE = 3
-EXIT_NO_TOKENIZE = 4
-EXIT_MODEL_MISMATCH = 5
-EXIT_HTTP_ERROR = 6
-EXIT_TIMEOUT = 7
-EXIT_REQUEST_BUDGET = 8
-EXIT_BAD_RESPONSE = 9
-EXIT_API_KEY = 10
-# 11-13 are the demo's own statuses; the demo returns the probe's, so none is reused.
-EXIT_INCOMPLETE = 14
-EXIT_INTERRUPTED = 130
+from vllm_graphsafe.cli.exit_statuses import (
+    PROBE,
+    PROBE_API_KEY,
+    PROBE_BAD_ARGUMENT,
+    PROBE_BAD_RESPONSE,
+    PROBE_CHECK_FAILED,
+    PROBE_HTTP_ERROR,
+    PROBE_INCOMPLETE,
+    PROBE_INTERRUPTED,
+    PROBE_MODEL_MISMATCH,
+    PROBE_NO_TOKENIZE,
+    PROBE_OK,
+    PROBE_REQUEST_BUDGET,
+    PROBE_TIMEOUT,
+    PROBE_UNREACHABLE,
+)
+
+# The probe's statuses, declared in vllm_graphsafe.cli.exit_statuses.
+EXIT_OK = PROBE_OK
+EXIT_CHECK_FAILED = PROBE_CHECK_FAILED
+EXIT_BAD_ARGUMENT = PROBE_BAD_ARGUMENT
+EXIT_UNREACHABLE = PROBE_UNREACHABLE
+EXIT_NO_TOKENIZE = PROBE_NO_TOKENIZE
+EXIT_MODEL_MISMATCH = PROBE_MODEL_MISMATCH
+EXIT_HTTP_ERROR = PROBE_HTTP_ERROR
+EXIT_TIMEOUT = PROBE_TIMEOUT
+EXIT_REQUEST_BUDGET = PROBE_REQUEST_BUDGET
+EXIT_BAD_RESPONSE = PROBE_BAD_RESPONSE
+EXIT_API_KEY = PROBE_API_KEY
+EXIT_INCOMPLETE = PROBE_INCOMPLETE
+EXIT_INTERRUPTED = PROBE_INTERRUPTED
 
 #: Every exit status and what it means, for ``--help`` and the README.
-EXIT_STATUSES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "every check ran and passed"),
-    (EXIT_CHECK_FAILED, "a check failed: the server answered wrongly"),
-    (EXIT_BAD_ARGUMENT, "bad argument, or no boundary length fits the model"),
-    (EXIT_UNREACHABLE, "the server cannot be reached or dropped the connection"),
-    (EXIT_NO_TOKENIZE, "the server has no /tokenize endpoint"),
-    (EXIT_MODEL_MISMATCH, "the server does not serve the --model asked for"),
-    (EXIT_HTTP_ERROR, "the server answered with an HTTP error"),
-    (EXIT_TIMEOUT, "a request got no complete answer within --timeout"),
-    (EXIT_REQUEST_BUDGET, "the probe needs more requests than --max-requests"),
-    (EXIT_BAD_RESPONSE, "the server does not answer like vLLM (not a vLLM server)"),
-    (EXIT_API_KEY, "the server wants an API key, or refused the one given"),
-    (
-        EXIT_INCOMPLETE,
-        "no check failed, but a check could not run (it says which, why)",
-    ),
-    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+EXIT_STATUSES: tuple[tuple[int, str], ...] = tuple(
+    (status.code, status.meaning) for status in PROBE
 )
 
 

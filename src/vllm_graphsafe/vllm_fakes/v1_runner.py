@@ -74,6 +74,22 @@ def input_batch(rows: list[Row], stale_rows: Sequence[Row] = ()) -> SimpleNamesp
     )
 
 
+def batch_only(rows: list[Row], lists_drafts: bool) -> SimpleNamespace:
+    """An input batch as upstream's tests give a runner built with
+    ``object.__new__``: computed and prompt lengths, with ``lists_drafts``
+    each row's drafts this step (``spec_token_ids``), and what the dispatch
+    reads that is not about the phase."""
+    full = input_batch(rows)
+    batch = SimpleNamespace(
+        num_computed_tokens_cpu=full.num_computed_tokens_cpu,
+        num_prompt_tokens=full.num_prompt_tokens,
+        lora_id_to_lora_request={},
+    )
+    if lists_drafts:
+        batch.spec_token_ids = full.spec_token_ids
+    return batch
+
+
 def scheduled_drafts(rows: Sequence[Row]) -> list[list[int]]:
     """The input batch's ``spec_token_ids``: each row's drafts this step."""
     lists: list[list[int]] = [[] for _ in range(MAX_ROWS)]
@@ -116,9 +132,14 @@ def make_runner(
     record: DispatchRecord,
     dp_size: int = 1,
     draft_counts: Any = None,
+    *,
+    builders_counts: bool = True,
 ) -> Any:
     """``draft_counts``: the runner's ``num_decode_draft_tokens`` over the
-    same rows (:func:`decode_draft_buffer`); None where nothing reads it."""
+    same rows (:func:`decode_draft_buffer`); None where nothing reads it.
+    ``builders_counts=False``: the runner has no ``num_decode_draft_tokens``
+    at all, as the runners upstream's tests build hold only an input batch
+    and a dispatcher (:func:`batch_only`)."""
     CUDAGraphMode = importlib.import_module(vllm_layout.CONFIG).CUDAGraphMode
     BatchDescriptor = importlib.import_module(
         vllm_layout.FORWARD_CONTEXT
@@ -145,10 +166,11 @@ def make_runner(
         pipeline_parallel_size=1,
     )
     compilation = SimpleNamespace(pass_config=SimpleNamespace(enable_sp=False))
+    if builders_counts:
+        runner.__dict__["num_decode_draft_tokens"] = draft_counts
     runner.__dict__.update(
         uniform_decode_query_len=decode_query_len,
         input_batch=batch,
-        num_decode_draft_tokens=draft_counts,
         cudagraph_dispatcher=RecordingDispatcher(),
         model_config=SimpleNamespace(is_encoder_decoder=False),
         parallel_config=parallel,

@@ -3,7 +3,7 @@
 Usage: python run_hybrid.py MODEL_DIR K [WORKLOAD_K ...] [--correct-spec-forward]
 (one JSON object on the last line: every answer's token ids, each real step's
 ground truth from :class:`tests.engine.emulator.step_recording.StepRecorder`,
-and the emulator's record when it is loaded).
+the emulator's record when it is loaded, and the plugin's counts).
 
 Each workload (:func:`tests.engine.hybrid.workload.workload`) is shaped by a
 K (the engine's, unless others are named: a reference engine without
@@ -31,7 +31,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
 
         corrected = spec_forward_fix.apply()
 
-    steps = StepRecorder(dispatch_call="last").install().steps
+    steps = StepRecorder(dispatch_call="last", on_step=_note_guard).install().steps
     from vllm import LLM, SamplingParams
 
     from vllm_graphsafe import vllm_layout
@@ -67,7 +67,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
             answers[f"{group.label}/{index}"] = list(output.outputs[0].token_ids)
             request_ids[f"{group.label}/{index}"] = output.request_id
 
-    from vllm_graphsafe import emulator
+    from vllm_graphsafe import counts, emulator
 
     record = None
     if emulator.installed():
@@ -92,9 +92,18 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
                 "answers": answers,
                 "request_ids": request_ids,
                 "emulator": record,
+                "plugin_counts": counts.STATS.snapshot(),
             }
         )
     )
+
+
+def _note_guard(step: dict[str, Any]) -> None:
+    """The replay guard's fallbacks so far, noted on the step that just ran."""
+    from vllm_graphsafe import counts
+    from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX
+
+    step["guard_fallbacks"] = counts.STATS.snapshot().get(FIX.id, {}).get(FELL_BACK, 0)
 
 
 def astuple_rest(group: Any) -> tuple[Any, ...]:

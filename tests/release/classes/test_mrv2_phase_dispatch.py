@@ -776,11 +776,17 @@ def test_a_batch_with_its_phase_column_ignores_any_prefills() -> None:
     assert patch.hook_modules() == sorted({RUNNER_MODULE, EAGLE})
 
 
-def test_phase_aware_runner_code_is_native() -> None:
+def test_code_that_only_names_upstreams_helper_is_read_but_not_native() -> None:
+    """The helper is not there to run: reading finds upstream's name, and a
+    name alone is never native (a look-alike can carry it)."""
     patch = decided({RUNNER_MODULE: _NATIVE_RUNNER_SOURCE})
 
-    assert patch.state is PatchState.NATIVE
-    assert "gather_batch_req_state" in patch.reason
+    assert patch.state is not PatchState.NATIVE
+    evidence = patch.evidence
+    assert evidence is not None and evidence.how == "reading"
+    assert evidence.reading is not None
+    assert "gather_batch_req_state" in evidence.reading
+    assert "unconfirmed" in evidence.reading
 
 
 def test_no_model_runner_v2_is_not_applicable() -> None:
@@ -944,7 +950,15 @@ def test_a_runner_that_only_mentions_the_fix_is_still_patched(mention: str) -> N
         "self._get_uniform_decode_token_count(scheduler_output, dummy_run)",
     ],
 )
-def test_each_upstream_classification_call_is_native(call: str) -> None:
+def test_each_upstream_classification_call_is_read_but_not_native(call: str) -> None:
+    """Calls of upstream's helpers that are not there to run: reading finds
+    them, and a name alone is never native."""
     source = _RUNNER_SOURCE.replace("get_uniform_token_count(1, 1, 1)", call)
 
-    assert decided({RUNNER_MODULE: source}).state is PatchState.NATIVE
+    patch = decided({RUNNER_MODULE: source})
+
+    assert patch.state is not PatchState.NATIVE
+    evidence = patch.evidence
+    assert evidence is not None and evidence.how == "reading"
+    assert evidence.reading is not None and "unconfirmed" in evidence.reading
+    assert call.split("(")[0].removeprefix("self.") in evidence.reading

@@ -497,6 +497,14 @@ def drop_runner_attribute(runner: Any, name: str) -> None:
     del runner.__dict__[name]
 
 
+def drop_counts_and_prompt_lengths(runner: Any, name: str) -> None:
+    """Neither the builders' draft counts nor the prompt lengths to fall back
+    on (a runner with only its draft counts gone is read from its input batch:
+    test_v1_phase_dispatch_minimal_runner.py)."""
+    drop_runner_attribute(runner, "num_decode_draft_tokens")
+    drop_batch_column(runner, name)
+
+
 def drop_config(runner: Any, name: str) -> None:
     del runner.parallel_config.pipeline_parallel_size
 
@@ -506,7 +514,7 @@ def drop_config(runner: Any, name: str) -> None:
 # vLLM's own dispatch too.
 READS = {
     "num_computed_tokens_cpu": (drop_batch_column, 1),
-    "num_decode_draft_tokens": (drop_runner_attribute, 4),
+    "num_prompt_tokens": (drop_counts_and_prompt_lengths, 4),
 }
 # ``pass_config.enable_sp`` is read by vLLM's own dispatch under pipeline parallel.
 EARLY_READS = {"pipeline_parallel_size": (drop_config, 4)}

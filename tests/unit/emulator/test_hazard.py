@@ -76,9 +76,13 @@ def test_prefill_rows_of_a_scheduler_output() -> None:
 def observe(
     scheduled: tuple[str, ...], uniform: bool | None, prefill_rows: tuple[str, ...]
 ) -> StepObservation:
+    """A step as the emulator sees it when nothing stands between the dispatch
+    and the graph: a uniform-decode step replays its FULL decode graph."""
     observation = StepObservation(scheduled, prefill_rows)
     if uniform is not None:
         observation.observe(uniform)
+        if uniform:
+            observation.replay()
     return observation
 
 
@@ -102,6 +106,17 @@ def test_only_uniform_decode_with_a_prompt_row_is_hazardous(
     assert state.uniform_decode_steps == int(uniform)
 
 
+def test_a_uniform_step_run_without_the_graph_is_not_hazardous() -> None:
+    """Something ran the step before its replay (a guard at the graph): the
+    graph never replayed over the prompt row."""
+    state = EmulatorState()
+    observation = StepObservation(("p", "d"), ("p",))
+    observation.observe(True)
+    assert state.finish_step(observation) is None
+    assert state.poisoned == set()
+    assert (state.real_steps, state.uniform_decode_steps) == (1, 1)
+
+
 def test_a_step_that_never_reached_the_dispatcher_is_not_counted() -> None:
     state = EmulatorState()
     assert state.finish_step(observe(("p",), None, ())) is None
@@ -112,6 +127,7 @@ def test_the_last_dispatch_of_a_step_decides() -> None:
     observation = StepObservation(("p",), ("p",))
     observation.observe(True)
     observation.observe(False)  # re-dispatched, e.g. after DP padding
+    assert observation.uniform_decode is False
     assert not observation.hazardous
 
 

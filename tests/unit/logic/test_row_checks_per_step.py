@@ -149,6 +149,48 @@ def test_the_runner_rule_reads_the_columns_it_holds_now() -> None:
         assert rows_are_decodes(runner, num_rows, 1) is expected
 
 
+def batch_only_oracle(
+    computed: list[int],
+    prompt: list[int],
+    drafts: list[list[int]] | None,
+    num_rows: int,
+    num_drafts: int,
+) -> bool:
+    """Each row past its prompt and, where drafts are listed, handed them all."""
+    return num_rows <= len(computed) and all(
+        computed[row] >= prompt[row]
+        and (drafts is None or len(drafts[row]) == num_drafts)
+        for row in range(num_rows)
+    )
+
+
+@pytest.mark.parametrize("lists_drafts", [True, False])
+def test_a_runner_without_draft_counts_is_read_from_its_input_batch(
+    lists_drafts: bool,
+) -> None:
+    """As upstream's tests build a runner: an input batch, no draft counts."""
+    computed = np.array([40, 12, 7, 0, 30, 9, 64, 3], dtype=np.int32)
+    prompt = np.array([10, 12, 7, 3, 31, 9, 60, 3], dtype=np.int32)
+    drafts = [[0, 0, 0], [0, 0, 0], [], [0, 0, 0], [0, 0, 0], [0], [0, 0, 0], []]
+    batch = SimpleNamespace(num_computed_tokens_cpu=computed, num_prompt_tokens=prompt)
+    if lists_drafts:
+        batch.spec_token_ids = drafts
+    runner = SimpleNamespace(input_batch=batch)
+    listed = drafts if lists_drafts else None
+    answers = []
+    for num_rows in range(len(computed) + 2):
+        expected = batch_only_oracle(
+            computed.tolist(), prompt.tolist(), listed, num_rows, 3
+        )
+        answers.append(expected)
+        assert rows_are_decodes(runner, num_rows, 4) is expected
+    assert True in answers and False in answers
+    # Without speculation the rows' prior state decides, as with draft counts.
+    for num_rows in range(len(computed) + 2):
+        expected = prior_state_oracle(computed.tolist(), num_rows)
+        assert rows_are_decodes(runner, num_rows, 1) is expected
+
+
 # -- Model Runner V2: a scheduled request in prefill ----------------------------------
 
 

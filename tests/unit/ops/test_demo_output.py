@@ -124,3 +124,14 @@ def test_a_saved_run_of_another_structure_is_refused_and_nothing_written(
     assert status == demo_output.EXIT_STALE
     assert err.count("\n") == 1 and "exit status" in err and "Traceback" not in err
     assert (readme.read_text(), doc.read_text()) == before
+
+
+def test_the_readme_excerpt_shows_only_lines_the_demo_printed() -> None:
+    readme = (ROOT / demo_output.README).read_text(encoding="utf-8")
+    excerpt = demo_output.unfenced(
+        demo_output.block_text(readme, demo_output.EXCERPT_BLOCK)
+    ).splitlines()
+    # The documented run's last line is the shell's `echo "exit status $?"`.
+    printed = documented_run().splitlines()[:-1]
+    assert excerpt, "the README's excerpt is empty"
+    assert [line for line in excerpt if line not in printed] == []

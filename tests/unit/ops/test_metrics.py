@@ -350,3 +350,24 @@ def test_the_directory_is_removed_though_a_late_record_lands_in_it(
     metrics.remove_directory(directory, os.getpid())
     assert not directory.exists()
     assert len(calls) == 2
+
+
+def test_the_replay_guards_fallbacks_are_a_counter_with_its_labels(
+    tmp_path: Path,
+) -> None:
+    """The guard's counts reach ``/metrics`` like any fix's: its id as the
+    ``patch`` label, its events as ``decision``, summed over processes."""
+    from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX, REPLAYED
+
+    guard = {FIX.id: {FELL_BACK: 2, REPLAYED: 40}}
+    items = [record(30, 20, "VllmWorker-0", None), record(31, 20, "VllmWorker-1", None)]
+    for item in items:
+        item["patches"] = {**PATCHES, FIX.id: "applied"}
+        item["counts"] = guard
+    write_records(tmp_path, items)
+    samples = scrape(tmp_path)
+    name = "graphsafe_dispatch_decisions_total"
+    assert samples[(name, (("decision", FELL_BACK), ("patch", FIX.id)))] == 4
+    assert samples[(name, (("decision", REPLAYED), ("patch", FIX.id)))] == 80
+    state = ("graphsafe_patch_state", (("patch", FIX.id), ("state", "applied")))
+    assert samples[state] == 2

@@ -171,8 +171,8 @@ def test_counting_writes_nothing_on_the_calling_thread(
     def recording_write(directory: Path, name: str, data: bytes) -> None:
         import threading
 
-        writers.append(threading.current_thread().name)
         real_write(directory, name, data)
+        writers.append(threading.current_thread().name)
 
     monkeypatch.setattr(private_files, "write_private_file", recording_write)
     counters = DispatchStats()

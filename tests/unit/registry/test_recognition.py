@@ -1,9 +1,11 @@
-"""Upstream fixes are recognised by their own code, parsed, never by a mention.
+"""Reading the code, the fallback where a fix's cases cannot run.
 
-Each case is a synthetic vLLM tree (``SourceReader(root=...)``): sources that
+Each case is a synthetic vLLM tree (``SourceReader(root=...)``) whose code the
+cases cannot run (no graph dispatcher, no runnable dummy run). Sources that
 name the generic state for other reasons (a comment, a log string, an
-unrelated use) keep the patch ``applied``; sources with the fix's shape are
-``native``.
+unrelated use) read as no fix; sources with the fix's shape read as the fix,
+said so in the evidence, but the verdict stays ``needed``: reading alone
+cannot tell a fix from a look-alike spelled like one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe.behaviour.judgement import READING
 from vllm_graphsafe.fixes.v1_dummy_staging.hooks import V1DummyStagingPatch
 from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import V1PhaseDispatchPatch
 from vllm_graphsafe.registry import Patch, PatchState, SourceReader
@@ -147,13 +150,24 @@ def test_v1_dispatch_that_only_mentions_phase_state_is_patched(
     assert patch.state is PatchState.APPLIED, patch.reason
 
 
+def assert_read_but_unconfirmed(patch: Patch, found: str) -> None:
+    """Where the fix's cases cannot run (these dispatches consult no graph
+    dispatcher), what reading finds is said, and the verdict stays needed."""
+    assert patch.state is PatchState.APPLIED, patch.reason
+    evidence = patch.evidence
+    assert evidence is not None and evidence.how == READING, evidence
+    assert evidence.reading is not None and found in evidence.reading, evidence
+    assert "unconfirmed" in evidence.reading and evidence.could_not_run, evidence
+    assert not evidence.native
+
+
 @pytest.mark.parametrize("case", sorted(FIXES_PHASE))
-def test_v1_dispatch_that_compares_computed_with_prompt_is_native(
+def test_v1_dispatch_that_compares_computed_with_prompt_is_read_but_not_native(
     case: str, tmp_path: Path
 ) -> None:
     slot, code = FIXES_PHASE[case]
     patch = decide(V1PhaseDispatchPatch(), tree(tmp_path, **{slot: code}))
-    assert patch.state is PatchState.NATIVE, patch.reason
+    assert_read_but_unconfirmed(patch, "compares")
 
 
 MENTIONS_STAGING = {
@@ -192,12 +206,12 @@ def test_dummy_run_that_only_mentions_the_staging_is_patched(
 
 
 @pytest.mark.parametrize("case", sorted(FIXES_STAGING))
-def test_dummy_run_that_stages_computed_and_positions_is_native(
+def test_dummy_run_that_stages_computed_and_positions_is_read_but_not_native(
     case: str, tmp_path: Path
 ) -> None:
     slot, code = FIXES_STAGING[case]
     patch = decide(V1DummyStagingPatch(), tree(tmp_path, **{slot: code}))
-    assert patch.state is PatchState.NATIVE, patch.reason
+    assert_read_but_unconfirmed(patch, "stages computed lengths and positions")
 
 
 def test_a_helper_whose_parameter_was_renamed_fails_at_bind(tmp_path: Path) -> None:

@@ -15,6 +15,14 @@ from typing import Any
 
 import pytest
 
+from vllm_graphsafe.behaviour.compiled import SourceCode
+from vllm_graphsafe.behaviour.judgement import (
+    Case,
+    Evidence,
+    Expect,
+    Outcome,
+    judge_cases,
+)
 from vllm_graphsafe.registry import (
     HookPoint,
     OnFailure,
@@ -78,7 +86,7 @@ class FakePatch(Patch):
         super().__init__(id="fake-fix", title="fake", anchor_module=module)
         self.module = module
         self.qualnames = qualnames
-        self.native_marker = kw.get("native_marker")
+        self.native_answer = kw.get("native_answer")
 
     def hook_points(self) -> list[HookPoint]:
         hooks: list[HookPoint] = [
@@ -90,10 +98,21 @@ class FakePatch(Patch):
         return hooks
 
     def native_reason(self, sources: SourceReader) -> str | None:
-        body = sources.function(self.module, "Runner.classify") or ""
-        if self.native_marker and self.native_marker in body:
-            return "classify already reads phase"
         return None
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        """One case: the runner's own ``classify`` (compiled from its source)
+        answers ``native_answer``."""
+        if self.native_answer is None:
+            return None
+        runner = SourceCode(sources, package=self.module.split(".")[0]).instance(
+            self.module, "Runner", {}
+        )
+        answer = runner.classify(0)
+        case = Case("classify(0)", Expect.HOLDS, answer)
+        return judge_cases(
+            [case], lambda c: Outcome(c.step == self.native_answer, f"said {answer!r}")
+        )
 
 
 def apply(patch: Patch, environ: dict[str, str] | None = None) -> Registry:
@@ -164,7 +183,7 @@ def test_disabling_an_applied_patch_unwraps_it(target: str) -> None:
 
 
 def test_native_code_is_recognised_and_left_alone(target: str, tmp_path: Path) -> None:
-    patch = FakePatch(target, native_marker='"shape"')
+    patch = FakePatch(target, native_answer="shape")
     apply(patch)
     assert patch.state is PatchState.NATIVE
     assert importlib.import_module(target).Runner().classify(0) == "shape"
@@ -464,3 +483,50 @@ def test_a_name_in_a_comment_or_string_is_not_a_definition(tmp_path: Path) -> No
     assert sources.defines("vllm.mod", "MESSAGE")
     assert not sources.calls("vllm.mod", "Runner.step", "helper")
     assert not sources.defines("vllm.mod", "Runner.classify")
+
+
+def state_of(patch: Patch) -> PatchState | None:
+    """The patch's state now (it changes when its module is imported)."""
+    return patch.state
+
+
+class LiveDisagrees(FakePatch):
+    """Native by its source, but the imported class answers otherwise (a
+    platform's or another plugin's replacement)."""
+
+    def live_behaviour(self) -> Evidence | None:
+        module = sys.modules[self.module]
+        answer = module.Runner().classify(0)
+        case = Case("classify(0) on the imported class", Expect.HOLDS, answer)
+        return judge_cases(
+            [case], lambda c: Outcome(c.step == self.native_answer, f"said {answer!r}")
+        )
+
+
+def test_a_native_verdict_the_imported_class_contradicts_is_applied(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    patch = LiveDisagrees(target, native_answer="shape")
+    apply(patch)
+    assert patch.state is PatchState.NATIVE
+    source = Path(importlib.util.find_spec(target).origin)  # type: ignore[union-attr, arg-type]
+    # What runs is not what the source says: the module is replaced before import.
+    source.write_text(source.read_text().replace('return "shape"', 'return "other"'))
+    with caplog.at_level(logging.WARNING, logger="vllm.graphsafe"):
+        module = importlib.import_module(target)
+    assert state_of(patch) is PatchState.APPLIED, patch.reason
+    assert patch.finding() == (
+        "needed (behaviour: classify(0) on the imported class said 'other'; 0/1 cases)"
+    )
+    assert module.Runner().classify(0) == "phase"
+    assert any("imported classes are not" in r.getMessage() for r in caplog.records)
+
+
+def test_a_native_verdict_the_imported_class_confirms_stays_native(
+    target: str,
+) -> None:
+    patch = LiveDisagrees(target, native_answer="shape")
+    apply(patch)
+    module = importlib.import_module(target)
+    assert patch.state is PatchState.NATIVE
+    assert module.Runner().classify(0) == "shape"

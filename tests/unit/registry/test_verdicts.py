@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe import recognition, registry, shipped_verdicts, vllm_layout
+from vllm_graphsafe import registry, shipped_verdicts, vllm_layout
 from vllm_graphsafe.fixes import all_patches
 from vllm_graphsafe.registry import PatchState, Registry
 from vllm_graphsafe.settings import read_settings
@@ -24,15 +24,42 @@ from vllm_graphsafe.verdicts import cache_directory
 
 V1 = "v1-phase-dispatch"
 RUNNER_FILE = Path(*vllm_layout.V1_RUNNER.split(".")).with_suffix(".py")
-#: The V1 shape rule with and without the native phase comparison: same length.
-NATIVE = """class GPUModelRunner:
-    def _is_uniform_decode(self, a):
-        return self.num_computed_tokens < self.num_prompt_tokens
+#: A V1 runner whose dispatch keeps prompts off the decode graph (its rows'
+#: phase read from the builders' counts), and one of the same length that reads
+#: the shape only: the fix's cases run on each tell them apart.
+_RUNNER = """class GPUModelRunner:
+    @staticmethod
+    def _is_uniform_decode(
+        max_num_scheduled_tokens,
+        uniform_decode_query_len,
+        num_tokens,
+        num_reqs,
+        force_uniform_decode=None,
+    ):
+        q = uniform_decode_query_len
+        return max_num_scheduled_tokens == q and num_tokens == q * num_reqs
+
+    def _determine_batch_execution_and_padding(
+        self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens
+    ):
+        q = self.uniform_decode_query_len
+        uniform = self._is_uniform_decode(
+            max_num_scheduled_tokens, q, num_tokens, num_reqs
+        )
+        uniform = uniform and {CHECK}
+        return self.cudagraph_dispatcher.dispatch(
+            num_tokens=num_tokens, uniform_decode=uniform
+        )
+
+    def _decodes(self, n):
+        q = self.uniform_decode_query_len
+        if q == 1:
+            return bool((self.input_batch.num_computed_tokens_cpu[:n] > 0).all())
+        first = len(self.input_batch.spec_token_ids[0]) == q - 1
+        return first and bool((self.num_decode_draft_tokens.np[:n] == q - 1).all())
 """
-SHAPE = """class GPUModelRunner:
-    def _is_uniform_decode(self, a):
-        return self.max_num_scheduled == self.uniform_query_lens
-"""
+NATIVE = _RUNNER.replace("{CHECK}", "self._decodes(num_reqs)")
+SHAPE = _RUNNER.replace("{CHECK}", "True" + " " * len("self._decodes(num_reqs)"[4:]))
 assert len(NATIVE) == len(SHAPE)
 
 
@@ -60,16 +87,16 @@ def cache(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """One entry per module source parsed."""
-    counted: list[int] = []
-    original = recognition.parse
+def judgements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One entry per fix judged on vLLM's code (what a kept verdict spares)."""
+    counted: list[str] = []
+    original = registry.Patch.judge
 
-    def parse(text: str) -> object:
-        counted.append(len(text))
-        return original(text)
+    def judge(patch: registry.Patch, sources: object) -> object:
+        counted.append(patch.id)
+        return original(patch, sources)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(recognition, "parse", parse)
+    monkeypatch.setattr(registry.Patch, "judge", judge)
     return counted
 
 
@@ -89,16 +116,16 @@ def states(cache: Path) -> dict[str, str]:
     return patches.states()
 
 
-def test_a_kept_verdict_spares_the_parse_and_is_private(
-    release: Path, cache: Path, parses: list[int]
+def test_a_kept_verdict_spares_the_judgement_and_is_private(
+    release: Path, cache: Path, judgements: list[str]
 ) -> None:
     write_runner(release, NATIVE)
     first = states(cache)
     assert first[V1] == PatchState.NATIVE.value
-    assert parses, "the first process judges by parsing"
-    parses.clear()
+    assert judgements, "the first process judges vLLM's code"
+    judgements.clear()
     assert states(cache) == first
-    assert parses == [], "a later process parsed vLLM's source again"
+    assert judgements == [], "a later process judged vLLM's code again"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     entries = list(cache.iterdir())
     assert entries and all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in entries)
@@ -128,18 +155,18 @@ def test_a_module_that_appears_is_judged_again(release: Path, cache: Path) -> No
     ids=["empty", "truncated", "wrong check", "binary"],
 )
 def test_a_damaged_entry_is_judged_again_and_replaced(
-    release: Path, cache: Path, parses: list[int], damage: bytes
+    release: Path, cache: Path, judgements: list[str], damage: bytes
 ) -> None:
     write_runner(release, NATIVE)
     states(cache)
     for entry in cache.iterdir():
         entry.write_bytes(damage)
-    parses.clear()
+    judgements.clear()
     assert states(cache)[V1] == PatchState.NATIVE.value
-    assert parses, "a damaged entry was trusted"
-    parses.clear()
+    assert judgements, "a damaged entry was trusted"
+    judgements.clear()
     states(cache)
-    assert parses == [], "the damaged entry was not replaced"
+    assert judgements == [], "the damaged entry was not replaced"
 
 
 def test_a_forged_verdict_with_a_stale_check_is_not_trusted(
@@ -200,7 +227,7 @@ def test_the_default_place_follows_xdg_cache_home(tmp_path: Path) -> None:
 
 
 def test_yes_no_answers_are_kept_for_the_hooks_that_bind_later(
-    release: Path, cache: Path, parses: list[int]
+    release: Path, cache: Path, judgements: list[str]
 ) -> None:
     """The process that imports the runner asks the hooks' questions again."""
     write_runner(release, SHAPE)
@@ -208,9 +235,9 @@ def test_yes_no_answers_are_kept_for_the_hooks_that_bind_later(
     reader = registry.SourceReader()
     for patch in all_patches():
         registry.judged(patch, reader, registry.verdict_cache(str(cache), reader))
-    parses.clear()
+    judgements.clear()
     assert reader.defines(vllm_layout.V1_RUNNER, "GPUModelRunner._is_uniform_decode")
-    assert parses == [], "a kept answer was worked out again"
+    assert judgements == [], "a kept answer was worked out again"
 
 
 # -- the verdicts this package ships ------------------------------------------------
@@ -237,14 +264,14 @@ def origins(cache: Path | str) -> dict[str, str | None]:
     return {patch.id: patch.verdict_origin for patch in patches.patches}
 
 
-def test_a_shipped_verdict_spares_the_first_process_the_parse(
-    release: Path, cache: Path, shipped_table: Path, parses: list[int]
+def test_a_shipped_verdict_spares_the_first_process_the_judgement(
+    release: Path, cache: Path, shipped_table: Path, judgements: list[str]
 ) -> None:
     write_runner(release, NATIVE)
     ship(shipped_table)
-    parses.clear()
+    judgements.clear()
     assert states(cache)[V1] == PatchState.NATIVE.value
-    assert parses == [], "the first process parsed a release whose verdicts ship"
+    assert judgements == [], "the first process judged a release whose verdicts ship"
     assert set(origins(cache).values()) == {"kept"}, "the shipped verdict was not kept"
 
 
@@ -280,14 +307,14 @@ def test_a_table_of_other_rules_or_damaged_is_not_used(
     release: Path,
     cache: Path,
     shipped_table: Path,
-    parses: list[int],
+    judgements: list[str],
     damage: dict[str, object],
 ) -> None:
     write_runner(release, NATIVE)
     ship(shipped_table, **damage)
-    parses.clear()
+    judgements.clear()
     assert set(origins(cache).values()) == {"judged"}
-    assert parses, "a table it cannot trust was used"
+    assert judgements, "a table it cannot trust was used"
 
 
 @pytest.mark.parametrize(
@@ -302,10 +329,10 @@ def test_an_unreadable_table_is_not_used(
 
 
 def test_off_uses_no_shipped_verdict(
-    release: Path, shipped_table: Path, parses: list[int]
+    release: Path, shipped_table: Path, judgements: list[str]
 ) -> None:
     write_runner(release, NATIVE)
     ship(shipped_table)
-    parses.clear()
+    judgements.clear()
     assert set(origins("off").values()) == {"judged"}
-    assert parses
+    assert judgements

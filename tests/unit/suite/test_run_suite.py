@@ -236,3 +236,22 @@ def test_every_test_file_runs_in_exactly_one_stage(
     assert set(suite.NOT_INDEPENDENT) == left_to_verify_backport
     assert {file for file, where in runs.items() if len(where) != 1} == set()
     assert all(file.split("/")[1] in {"unit", "release", "engine"} for file in files)
+
+
+def test_the_unit_tier_run_as_the_readme_says_is_not_run_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scripts/test.sh runs tests/unit through the README's commands
+    (scripts/readme_unit_tier.sh) and tells run_suite.py so."""
+    spec = importlib.util.spec_from_file_location(
+        "run_suite", ROOT / "scripts" / "run_suite.py"
+    )
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_suite", suite)
+    spec.loader.exec_module(suite)
+    assert suite.UNIT_TESTS in suite.independent_tests()
+    assert suite.UNIT_TESTS not in suite.independent_tests(unit=False)
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    assert "scripts/readme_unit_tier.sh" in test_sh
+    assert "run_suite.py --jobs 2 --unit-tier-ran" in test_sh

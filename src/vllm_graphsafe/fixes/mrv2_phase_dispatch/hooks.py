@@ -23,6 +23,7 @@ import collections
 import contextvars
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.fixes.mrv2_phase_dispatch import DRAFT_EVENT_PREFIX, FIX
 from vllm_graphsafe.fixes.phase_events import (
     DUMMY,
@@ -49,6 +51,7 @@ from vllm_graphsafe.registry import (
     SetsAttribute,
     SourceReader,
     TakesParameters,
+    unhooked,
 )
 from vllm_graphsafe.vllm_layout import (
     MRV2_AUTOREGRESSIVE_SPECULATOR,
@@ -56,6 +59,8 @@ from vllm_graphsafe.vllm_layout import (
     MRV2_INPUT_BATCH,
     MRV2_MULTI_MODULE_MTP_SPECULATOR,
     MRV2_RUNNER,
+    MRV2_RUNNER_CLASS,
+    MRV2_SPECULATORS,
     MRV2_STATES,
 )
 
@@ -524,6 +529,46 @@ class MRV2PhaseDispatchPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+    native_summary = (
+        "Model Runner V2's target and draft-prefill dispatch keep prompt chunks "
+        "off the FULL decode graph"
+    )
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        from vllm_graphsafe.fixes.mrv2_phase_dispatch import behaviour
+
+        return behaviour.judge_source(sources)
+
+    def live_modules(self) -> list[str]:
+        return [
+            RUNNER_MODULE,
+            MRV2_INPUT_BATCH,
+            *(m for m, _ in MRV2_SPECULATORS if self.sources.exists(m)),
+        ]
+
+    def confirm_behaviour(self) -> Evidence | None:
+        """The target's cases alone (the draft's would be compiled from the
+        same source the verdict was judged on): about a millisecond."""
+        return self.live_behaviour(draft=False)
+
+    def live_behaviour(self, draft: bool = True) -> Evidence | None:
+        classes: dict[tuple[str, str], type] = {}
+        for module, owner in ((RUNNER_MODULE, MRV2_RUNNER_CLASS), *MRV2_SPECULATORS):
+            found = getattr(sys.modules.get(module), owner, None)
+            if isinstance(found, type):
+                classes[(module, owner)] = unhooked(found)
+        if (RUNNER_MODULE, MRV2_RUNNER_CLASS) not in classes:
+            return None
+        input_batch = getattr(sys.modules.get(MRV2_INPUT_BATCH), "InputBatch", None)
+        from vllm_graphsafe.fixes.mrv2_phase_dispatch import behaviour
+
+        return behaviour.judge_live(
+            classes,
+            input_batch if isinstance(input_batch, type) else None,
+            SourceReader(),
+            draft=draft,
+        )
 
 
 def make_patch() -> MRV2PhaseDispatchPatch:

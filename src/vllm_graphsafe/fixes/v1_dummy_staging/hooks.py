@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.fixes.v1_dummy_staging import FIX, STAGED_DUMMY
 from vllm_graphsafe.fixes.v1_dummy_staging.logic import stage_dummy_batch
 from vllm_graphsafe.registry import (
@@ -27,8 +29,14 @@ from vllm_graphsafe.registry import (
     SourceReader,
     TakesParameters,
     WrapHook,
+    unhooked,
 )
-from vllm_graphsafe.vllm_layout import V1_CP_UTILS, V1_INPUT_BATCH, V1_RUNNER
+from vllm_graphsafe.vllm_layout import (
+    V1_CP_UTILS,
+    V1_INPUT_BATCH,
+    V1_RUNNER,
+    V1_RUNNER_CLASS,
+)
 
 RUNNER_MODULE = V1_RUNNER
 INPUT_BATCH_MODULE = V1_INPUT_BATCH
@@ -315,6 +323,22 @@ class V1DummyStagingPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+    native_summary = "the V1 runner's dummy runs stage lengths and positions that agree"
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        from vllm_graphsafe.fixes.v1_dummy_staging import behaviour
+
+        return behaviour.judge_source(sources)
+
+    def live_behaviour(self) -> Evidence | None:
+        runner = sys.modules.get(RUNNER_MODULE)
+        runner_class = getattr(runner, V1_RUNNER_CLASS, None)
+        if not isinstance(runner_class, type):
+            return None
+        from vllm_graphsafe.fixes.v1_dummy_staging import behaviour
+
+        return behaviour.judge_live(unhooked(runner_class))
 
 
 def make_patch() -> V1DummyStagingPatch:

@@ -29,10 +29,10 @@ from vllm_graphsafe.backport.source import (
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
-from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
-from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import (
+from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     counts_drafts_only_on_drafting_steps,
 )
+from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
@@ -47,15 +47,28 @@ def _has_prefill_request({parameters}) -> bool:
     With speculation, _prepare_inputs has counted each row's drafts where the
     row schedules exactly 1 + its drafts (-1 for a prefill chunk, including
     output tokens re-computed after preemption); without, a decode schedules
-    one token over prior state.{drafting_doc}{step_doc}
+    one token over prior state.{drafting_doc}
+
+    A runner without those counts (one built for a test with its input batch
+    alone) is read from its input batch: a row is a decode once it has
+    computed its prompt and, where the batch lists them, was handed its drafts
+    this step.{step_doc}
     """
 {step_branch}    if self.uniform_decode_query_len > 1:
-{drafting_branch}        return bool(
-            (
-                self.num_decode_draft_tokens.np[:num_reqs]
-                != self.uniform_decode_query_len - 1
-            ).any()
-        )
+        num_drafts = self.uniform_decode_query_len - 1
+        draft_counts = getattr(self, "num_decode_draft_tokens", None)
+        if draft_counts is None:
+            input_batch = self.input_batch
+            if (
+                input_batch.num_computed_tokens_cpu[:num_reqs]
+                < input_batch.num_prompt_tokens[:num_reqs]
+            ).any():
+                return True
+            spec_token_ids = getattr(input_batch, "spec_token_ids", None)
+            return spec_token_ids is not None and any(
+                len(spec_token_ids[i]) != num_drafts for i in range(num_reqs)
+            )
+{drafting_branch}        return bool((draft_counts.np[:num_reqs] != num_drafts).any())
     return bool((self.input_batch.num_computed_tokens_cpu[:num_reqs] == 0).any())
 
 '''
@@ -65,7 +78,6 @@ _DRAFTING_DOC = """ The counts are written only on a step that
     schedules drafts: on a step without any, the first row has none and every
     row of the decode width is a prefill chunk."""
 _DRAFTING_BRANCH = """\
-        num_drafts = self.uniform_decode_query_len - 1
         if len(self.input_batch.spec_token_ids[0]) != num_drafts:
             return True
 """

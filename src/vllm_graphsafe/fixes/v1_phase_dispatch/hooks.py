@@ -6,14 +6,15 @@ The fix's facts (what, why, upstream, removal) are in this folder's
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import counts, recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.fixes.phase_events import (
     DUMMY,
     KEPT_OFF_DECODE,
@@ -21,11 +22,14 @@ from vllm_graphsafe.fixes.phase_events import (
     UNIFORM_DECODE,
 )
 from vllm_graphsafe.fixes.phase_rows import (
-    LAST_UNIFORM_CHECK,
     rows_are_speculative_decodes,
     rows_have_prior_state,
+    rows_past_prompt_with_drafts,
 )
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
+from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
+    draft_counts_only_on_drafting_steps,
+)
 from vllm_graphsafe.fixes.v1_phase_dispatch.early import (
     WORKER_EXECUTE,
     ScheduledStepRule,
@@ -41,6 +45,7 @@ from vllm_graphsafe.registry import (
     SetsAttribute,
     SourceReader,
     TakesParameters,
+    unhooked,
 )
 from vllm_graphsafe.vllm_layout import (
     COMPILATION_CONFIG,
@@ -48,6 +53,7 @@ from vllm_graphsafe.vllm_layout import (
     SCHEDULER_OUTPUT,
     V1_INPUT_BATCH,
     V1_RUNNER,
+    V1_RUNNER_CLASS,
     V1_WORKER,
 )
 
@@ -67,7 +73,8 @@ _DRAFT_COUNT_NAMES = {"num_decode_draft_tokens"}
 _QUERY_LEN_NAMES = {"uniform_decode_query_len"}
 _READING = (
     "GPUModelRunner.num_decode_draft_tokens, GPUModelRunner.input_batch "
-    "(num_computed_tokens_cpu, spec_token_ids) "
+    "(num_computed_tokens_cpu, spec_token_ids; without the draft counts, "
+    "num_prompt_tokens) "
     "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp; "
     "under pipeline plus sequence parallelism, the step's scheduler output"
 )
@@ -121,40 +128,20 @@ def worker_classifies_early(sources: SourceReader) -> bool:
     return sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
 
 
-def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
-    """0.20-0.31: ``_prepare_inputs`` counts the rows' drafts only on a step
-    that schedules some (``use_spec_decode`` tests the scheduled drafts, not
-    the speculative config); on any other step the column still holds the last
-    drafting step's counts. Where the source says neither, assume so (the
-    check it adds is exact either way)."""
-
-    def work() -> bool:
-        prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
-        return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
-
-    return sources.kept_answer(
-        RUNNER_MODULE, "drafts_counted_when_drafting", (_PREPARE_INPUTS,), work
-    )
-
-
-def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
-    """Whether this ``_prepare_inputs`` decides to count drafts from the step's
-    scheduled drafts; True where it says neither."""
-    for node in ast.walk(prepare_inputs):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(target, ast.Name) and target.id == "use_spec_decode"
-            for target in node.targets
-        ):
-            used = recognition.referenced_names(node.value)
-            return "scheduled_spec_decode_tokens" in used
-    return True
-
-
 def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
     """Whether the batch's first row was handed ``num_drafts`` drafts this step
     (the input batch keeps each row's scheduled drafts, refreshed every step):
-    on a step that scheduled none, every K+1-token row is a prefill chunk."""
-    return len(runner.input_batch.spec_token_ids[0]) == num_drafts
+    on a step that scheduled none, every K+1-token row is a prefill chunk.
+    Where the runner holds no draft counts either (a runner built for a test
+    with its computed and prompt lengths alone), no count can be stale: True,
+    and the rows decide (:func:`rows_are_decodes`)."""
+    try:
+        scheduled_drafts = runner.input_batch.spec_token_ids
+    except AttributeError:
+        if getattr(runner, "num_decode_draft_tokens", None) is not None:
+            raise
+        return True
+    return len(scheduled_drafts[0]) == num_drafts
 
 
 class PhaseAwareShapeRule:
@@ -262,24 +249,31 @@ class PhaseAwareShapeRule:
 
 
 def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
-    """Whether the runner's builders see each of the first rows as a decode."""
+    """Whether the runner's builders see each of the first rows as a decode.
+
+    With speculation, a runner without the builders' draft counts (built with
+    its input batch alone, as upstream's tests build one) is read from its
+    input batch: :func:`rows_past_prompt_with_drafts`.
+    """
     if decode_query_len > 1:
-        column = runner.num_decode_draft_tokens.np
-        # rows_are_speculative_decodes' own first test, inlined: in steady
-        # decoding the column, row count and value repeat, and the rows' bytes
-        # answer (the call would cost about a tenth of the step's budget).
-        kept, rows, value, _, expected, source, copied, target = LAST_UNIFORM_CHECK[0]
-        if (
-            kept is column
-            and rows == num_reqs
-            and value == decode_query_len - 1
-            and source is not None
-        ):
-            target[:] = source
-            same: bool = copied == expected
-            return same
+        try:
+            column = runner.num_decode_draft_tokens.np
+        except AttributeError:
+            return rows_decode_by_prompt(runner.input_batch, num_reqs, decode_query_len)
         return rows_are_speculative_decodes(column, num_reqs, decode_query_len - 1)
     return rows_have_prior_state(runner.input_batch.num_computed_tokens_cpu, num_reqs)
+
+
+def rows_decode_by_prompt(batch: Any, num_reqs: int, decode_query_len: int) -> bool:
+    """:func:`rows_past_prompt_with_drafts` over an input batch; where the
+    batch lists no drafts (``spec_token_ids``), by prompt length alone."""
+    return rows_past_prompt_with_drafts(
+        batch.num_computed_tokens_cpu,
+        batch.num_prompt_tokens,
+        getattr(batch, "spec_token_ids", None),
+        num_reqs,
+        decode_query_len - 1,
+    )
 
 
 def bind_phase_aware_shape_rule(
@@ -366,6 +360,24 @@ class V1PhaseDispatchPatch(Patch):
 
     def native_reason(self, sources: SourceReader) -> str | None:
         return native_reason(sources)
+
+    native_summary = (
+        "the V1 runner's dispatch keeps prompt chunks off the FULL decode graph"
+    )
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour
+
+        return behaviour.judge_source(sources)
+
+    def live_behaviour(self) -> Evidence | None:
+        runner = sys.modules.get(RUNNER_MODULE)
+        runner_class = getattr(runner, V1_RUNNER_CLASS, None)
+        if not isinstance(runner_class, type):
+            return None
+        from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour
+
+        return behaviour.judge_live(unhooked(runner_class), SourceReader())
 
 
 def _early_reads() -> list[Requirement]:

@@ -149,6 +149,69 @@ def test_rows_past_the_batch_are_ignored():
 
     assert _classification(runner, len(rows)) is True
     assert runner._has_prefill_request(len(rows)) is False
+
+
+# -- a runner built with its input batch alone ----------------------------------
+# Tests elsewhere build the runner with object.__new__ and give it only an input
+# batch of computed and prompt lengths (and perhaps each row's drafts): no draft
+# counts of the builders. There a row is a decode once it has computed its
+# prompt and, where the batch lists them, was handed its drafts this step;
+# without speculation, once it has computed a token.
+
+
+def _batch_only_runner(rows, decode_query_len, lists_drafts):
+    """rows: (num_computed, num_prompt, num_drafts this step) per row."""
+    computed = np.zeros(MAX_ROWS, dtype=np.int32)
+    prompt = np.zeros(MAX_ROWS, dtype=np.int32)
+    for index, (num_computed, num_prompt, _) in enumerate(rows):
+        computed[index] = num_computed
+        prompt[index] = num_prompt
+    batch = SimpleNamespace(num_computed_tokens_cpu=computed, num_prompt_tokens=prompt)
+    if lists_drafts:
+        batch.spec_token_ids = [[0] * row[2] for row in rows] + [[]] * (
+            MAX_ROWS - len(rows)
+        )
+    runner = object.__new__(GPUModelRunner)
+    runner.__dict__.update(uniform_decode_query_len=decode_query_len, input_batch=batch)
+    return runner
+
+
+def _is_decode_by_batch(row, decode_query_len, lists_drafts):
+    num_computed, num_prompt, num_drafts = row
+    if decode_query_len == 1:
+        return num_computed > 0
+    if num_computed < num_prompt:
+        return False
+    return not lists_drafts or num_drafts == decode_query_len - 1
+
+
+BATCH_ONLY_CASES = {{
+    "fresh_prompt": lambda q: [(0, q, 0)],
+    "chunked_prompt_tail": lambda q: [(512, 512 + q, 0)],
+    "prefix_cache_hit": lambda q: [(64, 64 + q, 0)],
+    "decodes_and_one_prompt": lambda q: [(25 + i, 10, q - 1) for i in range(3)]
+    + [(0, q, 0)],
+    "reprefill_after_preemption": lambda q: [(17, 10, 0)],
+    "all_decode": lambda q: [(25 + 3 * i, 10, q - 1) for i in range(4)],
+}}
+
+
+@pytest.mark.parametrize("lists_drafts", [True, False])
+@pytest.mark.parametrize("case", sorted(BATCH_ONLY_CASES))
+@pytest.mark.parametrize("num_speculative_tokens", [0, 1, 3])
+def test_a_runner_without_draft_counts_is_read_from_its_input_batch(
+    case, num_speculative_tokens, lists_drafts
+):
+    q = num_speculative_tokens + 1
+    rows = BATCH_ONLY_CASES[case](q)
+    runner = _batch_only_runner(rows, q, lists_drafts)
+    every_row_decodes = all(_is_decode_by_batch(row, q, lists_drafts) for row in rows)
+
+    has_prefill = runner._has_prefill_request(len(rows))
+    uniform_decode = _classification(runner, len(rows))
+
+    assert has_prefill == (not every_row_decodes)
+    assert uniform_decode == every_row_decodes
 '''
 
 

@@ -1,0 +1,579 @@
+"""vLLM's code compiled out of its source files, never imported.
+
+A source tree may be unbuilt (no compiled libraries) and its package
+``__init__`` files import half of vLLM, so nothing of the tree is imported:
+each function or class a judgement needs is compiled from its own statements
+(:class:`~vllm_graphsafe.sources.SourceReader` finds them), and each name it
+uses is looked up, on first use, the way its module would bind it:
+
+* a ``def`` or ``class`` of the module: compiled the same way;
+* ``from vllm... import name`` (or ``import vllm...``): followed into the
+  tree's own source;
+* the standard library, numpy and torch: imported for real;
+* a simple module-level constant: evaluated;
+* anything else (a logger made at import, an environment table, a platform
+  object, a compiled kernel): a :class:`~.stand_in.StandIn`.
+
+A class as big as a model runner is never compiled whole:
+:meth:`SourceCode.lazy_class` makes a class whose methods are compiled from the
+source (the class's own, then its bases') when first looked up, and whose
+other attributes are stand-ins unless the caller sets them.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import builtins
+import copy
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import ModuleType
+from typing import Any
+
+from vllm_graphsafe.behaviour.stand_in import StandIn
+from vllm_graphsafe.sources import DefinitionText, SourceReader
+
+#: Third-party packages imported for real (vLLM's code computes with them).
+REAL_PACKAGES = frozenset({"numpy", "torch"})
+#: Decorators kept when compiling a def: they make what its callers use.
+_KEPT_DECORATORS = frozenset(
+    {
+        "staticmethod",
+        "classmethod",
+        "property",
+        "cached_property",
+        "setter",
+        "contextmanager",
+    }
+)
+#: Decorators left out: they change how a def runs, not what it answers.
+_DROPPED_DECORATORS = frozenset(
+    {
+        "inference_mode",
+        "no_grad",
+        "cache",
+        "lru_cache",
+        "wraps",
+        "override",
+        "deprecated",
+        "final",
+        "abstractmethod",
+        "compile",
+        "instrument",
+        "nvtx_range",
+    }
+)
+#: Decorators kept on a class: the ones that make its fields.
+_KEPT_CLASS_DECORATORS = frozenset({"dataclass"})
+_FLAGS = __future__.annotations.compiler_flag
+#: Calls a module-level constant may make and still be evaluated.
+_CONSTANT_CALLS = frozenset({"frozenset", "set", "tuple", "dict", "list", "int"})
+
+
+class CompileError(RuntimeError):
+    """Code the judgement needs could not be compiled out of the source."""
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, ast.Name):
+        return target.id
+    return ""
+
+
+def _without_decorators(
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, kept: frozenset[str]
+) -> ast.stmt:
+    bare = copy.copy(node)
+    bare.decorator_list = [d for d in node.decorator_list if _decorator_name(d) in kept]
+    return bare
+
+
+_DECORATOR_NAME = re.compile(r"\s*@\s*([\w.]+)")
+
+
+def _decorator_text_name(decorator: str) -> str:
+    found = _DECORATOR_NAME.match(decorator)
+    return found.group(1).rsplit(".", 1)[-1] if found else ""
+
+
+def _runs_as_written(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether the def, compiled with only its kept decorators, is called the
+    way vLLM calls it (a ``triton.jit`` kernel, say, is not: it is indexed by
+    its launch grid)."""
+    return all(
+        _decorator_name(d) in _KEPT_DECORATORS | _DROPPED_DECORATORS
+        for d in node.decorator_list
+    )
+
+
+class _Namespace(dict[str, Any]):
+    """A compiled module's globals: each name bound on first use."""
+
+    def __init__(self, code: SourceCode, module: str) -> None:
+        # ``__name__`` names this module, which the interpreter has: the
+        # dataclasses of compiled code look their module up in sys.modules,
+        # and the tree's own modules are never imported there.
+        super().__init__(__name__=__name__, __builtins__=builtins)
+        self._code = code
+        self._module = module
+
+    def __missing__(self, name: str) -> Any:
+        value = self._code.bind(self._module, name)
+        self[name] = value
+        return value
+
+
+class _Locals(dict[str, Any]):
+    """Where one compiled statement binds its name; module-level code in it
+    (a class body, a default value) finds the module's other names here (the
+    interpreter asks the globals of module-level code without ``__missing__``)."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        super().__init__()
+        self._namespace = namespace
+
+    def __missing__(self, name: str) -> Any:
+        return self._namespace[name]
+
+
+class TreeModule:
+    """A module of the tree, as seen through ``import``: its names on use."""
+
+    def __init__(self, code: SourceCode, module: str) -> None:
+        self._code = code
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        try:
+            return self._code.namespace(self._module)[name]
+        except NameError:
+            if self._code.sources.top_level_binding(self._module, "__getattr__"):
+                # The module makes its attributes when asked (vllm.envs does).
+                return StandIn(f"{self._module}.{name}")
+            raise AttributeError(
+                f"module {self._module!r} has no attribute {name!r}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"<tree module {self._module}>"
+
+
+class SourceCode:
+    """The functions and classes of one vLLM source tree (or the installed
+    package), compiled from source on demand.
+
+    ``overrides`` replace a name wherever a module binds it (a fake for a
+    collective, say); ``package`` is the tree's top-level package.
+    """
+
+    def __init__(
+        self,
+        sources: SourceReader,
+        overrides: Mapping[str, Any] | None = None,
+        package: str = "vllm",
+    ) -> None:
+        self.sources = sources
+        self.overrides = dict(overrides or {})
+        self.package = package
+        self._namespaces: dict[str, _Namespace] = {}
+        self._lazy_classes: dict[tuple[str, str], type] = {}
+        self._chains: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._methods: dict[tuple[str, str, str], Any] = {}
+
+    # -- modules and names -------------------------------------------------------
+
+    def namespace(self, module: str) -> dict[str, Any]:
+        if module not in self._namespaces:
+            self._namespaces[module] = _Namespace(self, module)
+        return self._namespaces[module]
+
+    def in_tree(self, module: str) -> bool:
+        return module == self.package or module.startswith(self.package + ".")
+
+    def module(self, module: str) -> Any:
+        """``module`` as an ``import`` binds it: the tree's own, a real one, or
+        a stand-in."""
+        if self.in_tree(module):
+            return TreeModule(self, module)
+        top = module.partition(".")[0]
+        if top in sys.stdlib_module_names or top in REAL_PACKAGES:
+            try:
+                return importlib.import_module(module)
+            except Exception:  # an absent or broken package: not this judgement's
+                return StandIn(module)
+        return StandIn(module)
+
+    def bind(self, module: str, name: str) -> Any:
+        """What ``name`` is in ``module`` when it runs (see the module docstring)."""
+        if name in self.overrides:
+            return self.overrides[name]
+        if name == "__file__":
+            identity = self.sources.identity(module)
+            return identity[0] if identity else StandIn("__file__")
+        statement = self.sources.top_level_binding(module, name)
+        if statement is None:
+            if hasattr(builtins, name):
+                return getattr(builtins, name)
+            if self.in_tree(module) and self.sources.exists(f"{module}.{name}"):
+                return TreeModule(self, f"{module}.{name}")
+            if "import *" in (self.sources.text(module) or ""):
+                return StandIn(f"{module}.{name}")  # a star import may bind it
+            # What vLLM would raise running this code.
+            raise NameError(f"name {name!r} is not defined in {module}")
+        try:
+            return self._bound_by(module, name, statement)
+        except CompileError:
+            return StandIn(f"{module}.{name}")
+
+    def _bound_by(self, module: str, name: str, statement: ast.stmt) -> Any:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+            if not _runs_as_written(statement):
+                return StandIn(f"{module}.{name}")
+            return self._compile(module, statement, None, _KEPT_DECORATORS)[name]
+        if isinstance(statement, ast.ClassDef):
+            return self._compile(module, statement, None, _KEPT_CLASS_DECORATORS)[name]
+        if isinstance(statement, ast.ImportFrom):
+            return self._imported_from(module, statement, name)
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.asname == name:
+                    return self.module(alias.name)
+                if alias.asname is None and alias.name.partition(".")[0] == name:
+                    return self.module(name)
+            return StandIn(f"{module}.{name}")
+        if isinstance(statement, ast.Assign | ast.AnnAssign):
+            value = statement.value
+            if value is None or not _is_constant_expression(value):
+                return StandIn(f"{module}.{name}")
+            return self._evaluate(module, value)
+        return StandIn(f"{module}.{name}")
+
+    def _imported_from(self, module: str, statement: ast.ImportFrom, name: str) -> Any:
+        source = _absolute(module, statement, self._is_package(module))
+        for alias in statement.names:
+            if (alias.asname or alias.name) != name:
+                continue
+            if self.in_tree(source):
+                if self.sources.top_level_binding(source, alias.name) is not None:
+                    return self.namespace(source)[alias.name]
+                if self.sources.exists(f"{source}.{alias.name}"):
+                    return TreeModule(self, f"{source}.{alias.name}")
+                return StandIn(f"{source}.{alias.name}")
+            real = self.module(source)
+            if isinstance(real, ModuleType):
+                return getattr(real, alias.name, StandIn(f"{source}.{alias.name}"))
+            return StandIn(f"{source}.{alias.name}")
+        return StandIn(f"{module}.{name}")
+
+    def _is_package(self, module: str) -> bool:
+        identity = self.sources.identity(module)
+        return identity is not None and identity[0].endswith("__init__.py")
+
+    def _evaluate(self, module: str, node: ast.expr) -> Any:
+        expression = ast.Expression(node)
+        ast.fix_missing_locations(expression)
+        try:
+            code = compile(expression, f"<{module}>", "eval", _FLAGS, True)
+            return eval(code, self.namespace(module))
+        except Exception as error:
+            raise CompileError(str(error)) from error
+
+    def _compile(
+        self,
+        module: str,
+        statement: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
+        owner: str | None,
+        kept: frozenset[str],
+    ) -> dict[str, Any]:
+        """Run ``statement`` (inside a class named ``owner``, so that private
+        names mangle as they do in vLLM) in ``module``'s namespace."""
+        node = _without_decorators(statement, kept)
+        body: list[ast.stmt] = [node]
+        if owner is not None:
+            holder = ast.ClassDef(
+                name=owner, bases=[], keywords=[], body=body, decorator_list=[]
+            )
+            vars(holder)["type_params"] = []  # Python 3.12's field; ignored before
+            body = [holder]
+        if owner is not None:
+            ast.copy_location(body[0], statement)
+            body[0].end_lineno = statement.end_lineno
+        tree = ast.Module(body=body, type_ignores=[])
+        identity = self.sources.identity(module)
+        filename = identity[0] if identity else f"<{module}>"
+        namespace = self.namespace(module)
+        local = _Locals(namespace)
+        try:
+            code = compile(tree, filename, "exec", _FLAGS, True)
+            exec(code, namespace, local)
+        except Exception as error:
+            raise CompileError(
+                f"{module}.{getattr(statement, 'name', '?')}: {error}"
+            ) from error
+        if owner is not None:
+            return dict(vars(local[owner]))
+        return dict(local)
+
+    def _compile_text(
+        self, module: str, written: DefinitionText, owner: str | None, name: str
+    ) -> Any:
+        """Compile a def from its own text (faster than from its parse): its
+        kept decorators, and a class line for ``owner`` so that private names
+        mangle as in vLLM. A def with a decorator that changes how it is
+        called is a stand-in."""
+        names = [_decorator_text_name(d) for d in written.decorators]
+        if any(n not in _KEPT_DECORATORS | _DROPPED_DECORATORS for n in names):
+            return StandIn(f"{owner or module}.{name}")
+        kept = [
+            d
+            for d, n in zip(written.decorators, names, strict=True)
+            if n in _KEPT_DECORATORS
+        ]
+        head = "".join(kept)
+        lines_before = written.line - head.count("\n") - (1 if owner else 0)
+        source = "\n" * max(lines_before, 0)
+        if owner is not None:
+            source += f"class {owner}:\n"
+        source += head + written.text
+        if owner is None and written.indent:
+            return StandIn(f"{module}.{name}")
+        identity = self.sources.identity(module)
+        filename = identity[0] if identity else f"<{module}>"
+        namespace = self.namespace(module)
+        local = _Locals(namespace)
+        try:
+            code = compile(source, filename, "exec", _FLAGS, True)
+            exec(code, namespace, local)
+        except Exception as error:
+            raise CompileError(f"{module}.{name}: {error}") from error
+        if owner is not None:
+            return vars(local[owner])[name]
+        return local[name]
+
+    # -- what a judgement asks for -----------------------------------------------
+
+    def name_or_none(self, module: str, name: str) -> Any:
+        """What ``name`` is in ``module``; None where it binds nothing."""
+        try:
+            return self.namespace(module)[name]
+        except NameError:
+            return None
+
+    def function(self, module: str, name: str) -> Callable[..., Any]:
+        """The module-level function ``name`` of ``module``, compiled."""
+        node = self.sources.function_node(module, name)
+        if node is None:
+            raise CompileError(f"{module} defines no function {name}")
+        compiled: Callable[..., Any] = self._compile(
+            module, node, None, _KEPT_DECORATORS
+        )[name]
+        return compiled
+
+    def method(self, module: str, owner: str, name: str) -> Any:
+        """The class attribute ``owner.name`` made by its ``def`` (a function,
+        or the staticmethod/classmethod/property its decorators make); None
+        where neither the class nor its bases (in the tree) define it."""
+        key = (module, owner, name)
+        if key not in self._methods:
+            self._methods[key] = self._method(module, owner, name)
+        return self._methods[key]
+
+    def defining_class(
+        self, module: str, owner: str, name: str
+    ) -> tuple[str, str] | None:
+        """Where ``owner.name`` is defined: the class itself or a base."""
+        for location in self._lookup_order(module, owner):
+            if self.sources.defines(location[0], f"{location[1]}.{name}"):
+                return location
+        return None
+
+    def _lookup_order(self, module: str, owner: str) -> Iterator[tuple[str, str]]:
+        """The class, then (only if asked for) its bases: most methods are the
+        class's own, and its bases' modules are then never read."""
+        yield module, owner
+        yield from self.class_chain(module, owner)[1:]
+
+    def _method(self, module: str, owner: str, name: str) -> Any:
+        for location in self._lookup_order(module, owner):
+            # A private name (``self.__x`` in class C) is looked up mangled.
+            mangled_prefix = f"_{location[1].lstrip('_')}__"
+            written_name = (
+                name[len(mangled_prefix) - 2 :]
+                if name.startswith(mangled_prefix)
+                else name
+            )
+            qualname = f"{location[1]}.{written_name}"
+            written = self.sources.definition_text(location[0], qualname)
+            if written is not None:
+                return self._compile_text(location[0], written, location[1], name)
+            node = self.sources.function_node(location[0], qualname)
+            if node is not None:
+                if not _runs_as_written(node):
+                    return StandIn(f"{location[1]}.{name}")
+                return self._compile(location[0], node, location[1], _KEPT_DECORATORS)[
+                    name
+                ]
+        return None
+
+    def class_chain(self, module: str, name: str) -> list[tuple[str, str]]:
+        """``(module, class)`` of the class and each base the tree defines, in
+        the order Python looks methods up (depth first, each class once)."""
+        key = (module, name)
+        if key not in self._chains:
+            chain: list[tuple[str, str]] = []
+            self._walk_bases(module, name, chain, 0)
+            self._chains[key] = chain
+        return self._chains[key]
+
+    def _walk_bases(
+        self, module: str, name: str, chain: list[tuple[str, str]], depth: int
+    ) -> None:
+        if (module, name) in chain or depth > 16:
+            return
+        header = self.sources.class_header(module, name)
+        if header is None:
+            return
+        chain.append((module, name))
+        for base in header.bases:
+            located = self.locate(module, base)
+            if located is not None:
+                self._walk_bases(*located, chain, depth + 1)
+
+    def locate(self, module: str, reference: ast.expr) -> tuple[str, str] | None:
+        """The tree module and class name that ``reference`` (a base class
+        expression in ``module``) names; None outside the tree."""
+        if isinstance(reference, ast.Name):
+            return self._locate_name(module, reference.id, 0)
+        if isinstance(reference, ast.Attribute) and isinstance(
+            reference.value, ast.Name
+        ):
+            target = self.sources.top_level_binding(module, reference.value.id)
+            if isinstance(target, ast.Import):
+                for alias in target.names:
+                    if (alias.asname or alias.name) == reference.value.id:
+                        return self._locate_name(alias.name, reference.attr, 0)
+        return None
+
+    def _locate_name(
+        self, module: str, name: str, depth: int
+    ) -> tuple[str, str] | None:
+        if depth > 8 or not self.in_tree(module):
+            return None
+        statement = self.sources.top_level_binding(module, name)
+        if isinstance(statement, ast.ClassDef):
+            return module, name
+        if isinstance(statement, ast.ImportFrom):
+            source = _absolute(module, statement, self._is_package(module))
+            for alias in statement.names:
+                if (alias.asname or alias.name) == name:
+                    return self._locate_name(source, alias.name, depth + 1)
+        return None
+
+    def lazy_class(self, module: str, name: str) -> type:
+        """A class standing for ``module.name``: each method compiled from the
+        source when first looked up; any other attribute a stand-in, unless an
+        instance sets it. Instances are made with ``object.__new__``."""
+        key = (module, name)
+        if key in self._lazy_classes:
+            return self._lazy_classes[key]
+        code = self
+        if not self.sources.has_class(module, name):
+            raise CompileError(f"{module} defines no class {name}")
+        missing: set[str] = set()
+
+        def __getattr__(instance: Any, attribute: str) -> Any:
+            if attribute.startswith("__") and attribute.endswith("__"):
+                raise AttributeError(attribute)
+            if attribute not in missing:
+                compiled = code.method(module, name, attribute)
+                if compiled is not None:
+                    setattr(cls, attribute, compiled)
+                    return getattr(instance, attribute)
+                missing.add(attribute)
+            return StandIn(f"{name}.{attribute}")
+
+        cls = type(name, (), {"__getattr__": __getattr__, "__module__": module})
+        self._lazy_classes[key] = cls
+        return cls
+
+    def instance(self, module: str, name: str, state: Mapping[str, Any]) -> Any:
+        """An object of :meth:`lazy_class` holding ``state`` as its attributes."""
+        obj: Any = object.__new__(self.lazy_class(module, name))
+        obj.__dict__.update(state)
+        return obj
+
+
+def _absolute(module: str, statement: ast.ImportFrom, is_package: bool) -> str:
+    """The module ``from ... import`` names, relative imports resolved."""
+    if not statement.level:
+        return statement.module or ""
+    parts = module.split(".")
+    keep = len(parts) - statement.level + (1 if is_package else 0)
+    base = ".".join(parts[: max(keep, 0)])
+    if statement.module:
+        return f"{base}.{statement.module}" if base else statement.module
+    return base
+
+
+def _is_constant_expression(node: ast.expr) -> bool:
+    """Literals, names and attributes, containers and arithmetic of them, and
+    calls of a few builtins: a module-level constant worth evaluating."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.Call):
+            if not (
+                isinstance(child.func, ast.Name) and child.func.id in _CONSTANT_CALLS
+            ):
+                return False
+        elif isinstance(child, ast.Lambda | ast.NamedExpr | ast.Await | ast.Yield):
+            return False
+    return True
+
+
+def real_function(function: Any) -> Callable[..., Any] | None:
+    """The plain function behind a class attribute (staticmethod, classmethod
+    or function); None for anything else."""
+    if isinstance(function, staticmethod | classmethod):
+        function = function.__func__
+    return function if callable(function) else None
+
+
+def names_used(functions: Iterable[Callable[..., Any]]) -> set[str]:
+    """Global names the functions' code loads (for tests and evidence)."""
+    used: set[str] = set()
+    for function in functions:
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            used.update(code.co_names)
+    return used
+
+
+def shared_code(sources: SourceReader) -> SourceCode:
+    """The code ``sources`` reads, compiled once for every fix that judges it
+    (the fixes read many of the same functions and modules)."""
+    from vllm_graphsafe.behaviour.fakes import OVERRIDES
+
+    code = sources.compiled
+    if not isinstance(code, SourceCode):
+        code = sources.compiled = SourceCode(sources, overrides=OVERRIDES)
+    return code
+
+
+_PARAMETERS: dict[Any, tuple[inspect.Parameter, ...]] = {}
+
+
+def parameters_of(function: Any) -> tuple[inspect.Parameter, ...]:
+    """``inspect.signature(function)``'s parameters, worked out once per
+    function (a bound method's, once per the function it binds)."""
+    key = (getattr(function, "__func__", function), hasattr(function, "__self__"))
+    if key not in _PARAMETERS:
+        _PARAMETERS[key] = tuple(inspect.signature(function).parameters.values())
+    return _PARAMETERS[key]

@@ -1,0 +1,156 @@
+"""Fakes shared by the fixes' cases: plain records and vLLM's graph dispatcher.
+
+Each fake holds what a case sets, and a stand-in for anything else, so that
+the target's code can read a config or a flag the case does not care about.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from vllm_graphsafe.behaviour.stand_in import StandIn
+
+
+class Fake:
+    """A record: the attributes given, and a stand-in for any other."""
+
+    def __init__(self, _name: str = "fake", **attributes: Any) -> None:
+        self.__dict__["_fake_name"] = _name
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return StandIn(f"{self.__dict__['_fake_name']}.{name}")
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self.__dict__.items() if k != "_fake_name"}
+        return f"Fake({self.__dict__['_fake_name']}, {shown})"
+
+
+class FallbackGraphMode(enum.Enum):
+    """vLLM's CUDA-graph runtime modes, where the code's own enum is not found."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+def mode_name(mode: Any) -> str | None:
+    """``FULL``, ``PIECEWISE`` or ``NONE`` for a graph mode of any release."""
+    name = getattr(mode, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def member(modes: Any, name: str) -> Any:
+    """``modes.<name>`` of the code's own enum, else of the fallback."""
+    found = getattr(modes, name, None)
+    return found if mode_name(found) == name else FallbackGraphMode[name]
+
+
+def descriptor(descriptor_type: Any, **fields: Any) -> Any:
+    """A batch descriptor of the code's own type with as many of ``fields``
+    as it takes (``num_tokens`` at least), else a record of them."""
+    if callable(descriptor_type) and not isinstance(descriptor_type, StandIn):
+        wanted = dict(fields)
+        while wanted:
+            try:
+                return descriptor_type(**wanted)
+            except TypeError:
+                if len(wanted) == 1:
+                    break
+                wanted.popitem()
+    return Fake("BatchDescriptor", **fields)
+
+
+class DispatchCall(NamedTuple):
+    num_tokens: int
+    uniform_decode: bool
+    mode: str
+
+
+class GraphDispatcher:
+    """vLLM's ``CudagraphDispatcher`` with FULL_AND_PIECEWISE graphs captured:
+    a uniform-decode batch gets the FULL decode graph (where FULL is allowed),
+    any other batch the piecewise graphs. Records each call."""
+
+    #: 1Cat-vLLM asks its dispatcher for attention-context buckets first.
+    has_attention_context_buckets = False
+
+    def __init__(self, modes: Any, descriptor_type: Any) -> None:
+        self.modes = modes
+        self.descriptor_type = descriptor_type
+        self.calls: list[DispatchCall] = []
+
+    def dispatch(
+        self,
+        num_tokens: int,
+        uniform_decode: bool = False,
+        has_lora: bool = False,
+        *args: Any,
+        valid_modes: Any = None,
+        invalid_modes: Any = None,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
+        none, piecewise, full = (
+            member(self.modes, "NONE"),
+            member(self.modes, "PIECEWISE"),
+            member(self.modes, "FULL"),
+        )
+        allowed = set(valid_modes) if valid_modes else {none, piecewise, full}
+        allowed -= set(invalid_modes or ())
+        if uniform_decode and full in allowed:
+            mode = full
+        elif piecewise in allowed:
+            mode = piecewise
+        else:
+            mode = none
+        self.calls.append(
+            DispatchCall(num_tokens, bool(uniform_decode), str(mode_name(mode)))
+        )
+        return mode, descriptor(
+            self.descriptor_type,
+            num_tokens=num_tokens,
+            uniform=bool(uniform_decode) and mode is full,
+            has_lora=has_lora,
+        )
+
+
+class ReachedSync(Exception):
+    """A fake collective stops the step: what this rank offers is recorded."""
+
+    def __init__(self, offered: Mapping[str, Any]) -> None:
+        super().__init__("reached the data-parallel sync")
+        self.offered = dict(offered)
+
+
+#: vLLM's cross-rank sync of the V1 dispatch (``vllm.v1.worker.dp_utils``).
+DP_SYNC = "coordinate_batch_across_dp"
+
+
+def reached_sync(**offered: Any) -> Any:
+    """Stands for the cross-rank sync: stops the step with what it was offered."""
+    raise ReachedSync(offered)
+
+
+#: The forward context a case's compiled code finds (vLLM's
+#: ``get_forward_context``); None outside a case.
+FORWARD_CONTEXT_SLOT: list[Any] = [None]
+
+
+def _forward_context() -> Any:
+    return FORWARD_CONTEXT_SLOT[0]
+
+
+def _forward_context_available() -> bool:
+    return FORWARD_CONTEXT_SLOT[0] is not None
+
+
+#: Names every judgement's compiled code sees replaced (see ``shared_code``).
+OVERRIDES: dict[str, Any] = {
+    DP_SYNC: reached_sync,
+    "get_forward_context": _forward_context,
+    "is_forward_context_available": _forward_context_available,
+}

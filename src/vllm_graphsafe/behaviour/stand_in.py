@@ -1,0 +1,100 @@
+"""What a fake runner does not provide: a value that absorbs every use.
+
+Running a vLLM method on a fake, the fake sets what the judgement is about
+(the batch, the request states, the dispatcher) and nothing else. Everything
+else the method touches (a logger, an environment flag, a platform query, a
+config the fake did not fill in) is a :class:`StandIn`: reading an attribute,
+calling it or indexing it gives another one, and it counts as false, zero
+and empty. Code that goes down an unusual branch because of it either still
+answers the judgement's question, or fails, and a failure sends the
+judgement back to reading the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+class StandIn:
+    """Stands in for ``name``: false, zero, empty, and absorbs every use."""
+
+    def __init__(self, name: str = "?") -> None:
+        object.__setattr__(self, "_stand_in_name", name)
+
+    def __repr__(self) -> str:
+        return f"<stand-in for {object.__getattribute__(self, '_stand_in_name')}>"
+
+    def _child(self, suffix: str) -> StandIn:
+        return StandIn(object.__getattribute__(self, "_stand_in_name") + suffix)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._child(f".{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> StandIn:
+        return self._child("()")
+
+    def __getitem__(self, key: Any) -> StandIn:
+        return self._child("[]")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        return None
+
+    def __delitem__(self, key: Any) -> None:
+        return None
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __contains__(self, item: Any) -> bool:
+        return False
+
+    def __int__(self) -> int:
+        return 0
+
+    def __index__(self) -> int:
+        return 0
+
+    def __float__(self) -> float:
+        return 0.0
+
+    def __enter__(self) -> StandIn:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __ne__(self, other: object) -> bool:
+        return other is not self
+
+    def __lt__(self, other: Any) -> bool:
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def _absorb(self, *other: Any) -> StandIn:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _absorb
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _absorb
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _absorb
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _absorb
+    __invert__ = __abs__ = _absorb
+
+
+def is_stand_in(value: object) -> bool:
+    return isinstance(value, StandIn)

@@ -1,0 +1,164 @@
+"""The point where a FULL decode CUDA graph replays, made real on a CPU.
+
+On a GPU the V1 runner's model is wrapped in vLLM's ``CUDAGraphWrapper`` in
+mode FULL; a step dispatched as uniform decode calls it inside a forward
+context that says FULL with a uniform batch descriptor, and the wrapper replays
+the graph captured for that descriptor. A CPU build wraps nothing and
+dispatches nothing (its graph mode is NONE). :class:`FullDecodeGraph` makes that
+call happen: it is vLLM's own ``CUDAGraphWrapper`` class (made without the
+CUDA graph pool a CPU lacks), around the runner's forward, with every
+descriptor "captured" by an :class:`EmulatedGraph` whose ``replay`` runs the
+emulator's idea of the replay. The step's forward context is switched to FULL
+and the uniform descriptor for the call, and back after it.
+
+So whatever stands at ``CUDAGraphWrapper.__call__`` on a GPU stands there here,
+and has its say before any replay; the emulator learns that the graph replayed
+only when ``replay`` is called. The model itself always runs with the forward
+context in mode NONE, as vLLM's CPU build runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from vllm_graphsafe import vllm_layout
+
+#: The batch descriptor's flag of a uniform (decode) batch, by release.
+UNIFORM_FLAGS = ("uniform", "uniform_decode")
+
+#: ``replay(forward, observation, context, args, kwargs)``: what the graph computes.
+Replay = Callable[[Any, Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class EmulatedGraph:
+    """A captured graph: ``replay`` runs the step's forward as the emulator
+    says the graph computes it, and leaves the output where vLLM's wrapper
+    returns it from (the entry's ``output``)."""
+
+    def __init__(self, entry: Any, replay: Replay, eager_mode: Any) -> None:
+        self.entry = entry
+        self.replay_step = replay
+        self.eager_mode = eager_mode
+        self.pending: tuple[Any, Any, tuple[Any, ...], dict[str, Any]] | None = None
+
+    def replay(self) -> None:
+        assert self.pending is not None, "a replay outside an emulated step"
+        forward, observation, args, kwargs = self.pending
+        context = _forward_context()
+        mode = context.cudagraph_runtime_mode
+        context.cudagraph_runtime_mode = self.eager_mode
+        try:
+            self.entry.output = self.replay_step(
+                forward, observation, context, args, kwargs
+            )
+        finally:
+            context.cudagraph_runtime_mode = mode
+
+
+class FullDecodeGraph:
+    """A runner's FULL ``CUDAGraphWrapper``, its decode graphs emulated."""
+
+    def __init__(self, runner: Any, replay: Replay) -> None:
+        cuda_graph = vllm_layout.load(vllm_layout.CUDA_GRAPH)
+        modes = vllm_layout.load_name(vllm_layout.COMPILATION_CONFIG, "CUDAGraphMode")
+        self.full, self.eager = modes.FULL, modes.NONE
+        self.entry_class = cuda_graph.CUDAGraphEntry
+        self.replay = replay
+        self.forward: Any = None
+        self.wrapper = _wrapper_without_pool(
+            getattr(cuda_graph, vllm_layout.CUDA_GRAPH_WRAPPER_CLASS),
+            cuda_graph.CUDAGraphOptions(),
+            self._run_forward,
+            runner.vllm_config,
+            self.full,
+        )
+        descriptor_class = vllm_layout.load_name(
+            vllm_layout.FORWARD_CONTEXT, "BatchDescriptor"
+        )
+        self.flag = _uniform_flag(descriptor_class)
+        self.counts_requests = "num_reqs" in {
+            field.name for field in dataclasses.fields(descriptor_class)
+        }
+
+    def requests(self, num_reqs: int) -> dict[str, int]:
+        """The descriptor's request count, where it has one (a decode graph
+        is captured for a number of requests)."""
+        return {"num_reqs": num_reqs} if self.counts_requests else {}
+
+    def _run_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapper's runnable: the runner's forward (what runs when the
+        wrapper does not replay)."""
+        return self.forward(*args, **kwargs)
+
+    def __call__(
+        self,
+        forward: Any,
+        observation: Any,
+        num_reqs: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        context = _forward_context()
+        saved = context.cudagraph_runtime_mode, context.batch_descriptor
+        descriptor = dataclasses.replace(
+            context.batch_descriptor, **{self.flag: True, **self.requests(num_reqs)}
+        )
+        graph = self._captured(descriptor)
+        graph.pending = (forward, observation, args, kwargs)
+        self.forward = forward
+        context.cudagraph_runtime_mode, context.batch_descriptor = self.full, descriptor
+        try:
+            return self.wrapper(*args, **kwargs)
+        finally:
+            context.cudagraph_runtime_mode, context.batch_descriptor = saved
+            graph.pending = None
+            self.forward = None
+
+    def _captured(self, descriptor: Any) -> EmulatedGraph:
+        entries = self.wrapper.concrete_cudagraph_entries
+        entry = entries.get(descriptor)
+        if entry is None:
+            entry = entries[descriptor] = self.entry_class(batch_descriptor=descriptor)
+            entry.cudagraph = EmulatedGraph(entry, self.replay, self.eager)
+        graph: EmulatedGraph = entry.cudagraph
+        return graph
+
+
+def _wrapper_without_pool(
+    wrapper_class: type,
+    options: Any,
+    runnable: Callable[..., Any],
+    vllm_config: Any,
+    full: Any,
+) -> Any:
+    """vLLM's ``CUDAGraphWrapper`` as its ``__init__`` leaves it, without the
+    platform's CUDA graph pool (a CPU platform has none) and without joining
+    the wrappers vLLM clears."""
+    wrapper: Any = object.__new__(wrapper_class)
+    wrapper.__dict__.update(
+        runnable=runnable,
+        vllm_config=vllm_config,
+        runtime_mode=full,
+        compilation_config=vllm_config.compilation_config,
+        first_run_finished=False,
+        is_debugging_mode=False,
+        _runnable_str=None,
+        graph_pool=None,
+        cudagraph_options=options,
+        concrete_cudagraph_entries={},
+    )
+    return wrapper
+
+
+def _uniform_flag(descriptor_class: type) -> str:
+    names = {field.name for field in dataclasses.fields(descriptor_class)}
+    for flag in UNIFORM_FLAGS:
+        if flag in names:
+            return flag
+    raise AttributeError(f"BatchDescriptor has none of {UNIFORM_FLAGS}")
+
+
+def _forward_context() -> Any:
+    return vllm_layout.load_name(vllm_layout.FORWARD_CONTEXT, "get_forward_context")()

@@ -1,0 +1,503 @@
+"""Is Model Runner V2's dispatch fixed? Run its steps on the bug's cases.
+
+Two steps pick a graph for a batch that may hold a prompt chunk:
+
+* the target's ``GPUModelRunner.execute_model``, from the top of the step to
+  the CUDA-graph manager's dispatch (the request states as the step's state
+  update left them; the update itself is not run);
+* each speculator's ``propose``, the draft prefill over the target's input
+  batch, to its own manager's dispatch.
+
+The manager is vLLM's, modelled with every decode graph captured: the FULL
+decode graph for a uniform batch of ``decode_query_len`` tokens a request, and
+the FULL varlen decode graphs (0.32 on) for any batch whose stated bound on
+the query length is at most that. It records what the step asks and stops
+it; under data parallelism that is what this rank offers the other ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from vllm_graphsafe.behaviour.compiled import SourceCode, parameters_of, shared_code
+from vllm_graphsafe.behaviour.fakes import Fake
+from vllm_graphsafe.behaviour.judgement import (
+    CannotRun,
+    Case,
+    Evidence,
+    Expect,
+    Outcome,
+    judge_cases,
+)
+from vllm_graphsafe.behaviour.live import live_instance
+from vllm_graphsafe.behaviour.stand_in import StandIn
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.vllm_layout import (
+    MRV2_INPUT_BATCH,
+    MRV2_RUNNER,
+    MRV2_RUNNER_CLASS,
+    MRV2_SPECULATORS,
+)
+
+TARGET_STEP = "execute_model"
+DRAFT_STEP = "propose"
+#: What the step's state update does before the dispatch; the fake's request
+#: states are already as it leaves them.
+STATE_UPDATES = (
+    "update_pp_decode_requests",
+    "finish_requests",
+    "free_states",
+    "add_requests",
+    "update_requests",
+)
+TARGET_WIDTHS = (0, 1, 2, 5)
+DRAFT_WIDTHS = (1, 2, 5)
+MAX_REQS = 32
+#: Columns of the target's input batch that say a row's phase; the draft's
+#: fake batch carries those the tree's ``InputBatch`` declares.
+_PHASE_FIELDS = (
+    "is_prefilling_np",
+    "has_prefill",
+    "decode_graph_eligible",
+    "prefill_len_np",
+    "num_computed_prefill_tokens_np",
+    "num_computed_tokens_np",
+    "prefill_runs_as_decode_np",
+    "max_query_len",
+)
+
+
+class Req(NamedTuple):
+    """A scheduled request: its prefill length (prompt, or all tokens to
+    recompute after preemption), what it computed before the step, what the
+    step schedules (drafts included) and its drafts."""
+
+    prefill_len: int
+    computed: int
+    scheduled: int
+    drafts: int = 0
+    new: bool = False
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.computed < self.prefill_len
+
+
+class Step(NamedTuple):
+    k: int
+    reqs: tuple[Req, ...]
+    dp_size: int = 1
+    #: Requests in prefill that the step does not schedule.
+    unscheduled: tuple[Req, ...] = ()
+
+
+class ReachedDispatch(Exception):
+    def __init__(self, uniform_token_count: Any, max_query_len: Any) -> None:
+        super().__init__("reached the CUDA-graph dispatch")
+        self.uniform_token_count = uniform_token_count
+        self.max_query_len = max_query_len
+
+
+class GraphManager:
+    """vLLM's ``CudaGraphManager``: records the dispatch and stops the step."""
+
+    def dispatch(
+        self,
+        num_reqs: Any = None,
+        num_tokens: Any = None,
+        uniform_token_count: Any = None,
+        num_active_loras: Any = 0,
+        max_query_len: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        raise ReachedDispatch(uniform_token_count, max_query_len)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return StandIn(f"CudaGraphManager.{name}")
+
+
+def _decode(k: int, offset: int = 0) -> Req:
+    return Req(prefill_len=12 + offset, computed=40 + offset, scheduled=k + 1, drafts=k)
+
+
+def _fresh(k: int) -> Req:
+    return Req(prefill_len=k + 1, computed=0, scheduled=k + 1, new=True)
+
+
+def _phase_cases(k: int, *, data_parallel: bool) -> list[Case[Step]]:
+    q, width = k + 1, f"K={k}"
+    off, on = Expect.KEPT_OFF, Expect.KEPT_ON
+    found: list[Case[Step]] = [
+        Case(f"a fresh {q}-token prompt ({width})", off, Step(k, (_fresh(k),))),
+        Case(
+            f"a {q}-token prompt beside a decode ({width})",
+            off,
+            Step(k, (_decode(k), _fresh(k))),
+        ),
+    ]
+    if k:
+        found += [
+            Case(
+                f"the {q}-token tail of a chunked {256 + q}-token prompt ({width})",
+                off,
+                Step(k, (Req(256 + q, 256, q),)),
+            ),
+            Case(
+                f"a {16 + q}-token prompt after a 16-token prefix-cache hit ({width})",
+                off,
+                Step(k, (Req(16 + q, 16, q, new=True),)),
+            ),
+        ]
+    found += [
+        Case(
+            f"a pure decode batch of 3 rows ({width})",
+            on,
+            Step(k, (_decode(k), _decode(k, 1), _decode(k, 2))),
+        ),
+        Case(
+            f"a decode beside an unscheduled prompt ({width})",
+            on,
+            Step(k, (_decode(k),), unscheduled=(Req(300, 64, 0),)),
+        ),
+    ]
+    if data_parallel:
+        found += [
+            Case(
+                f"a {q}-token prompt on a data-parallel rank ({width})",
+                off,
+                Step(k, (_fresh(k),), dp_size=2),
+            ),
+            Case(
+                f"a decode on a data-parallel rank ({width})",
+                on,
+                Step(k, (_decode(k),), dp_size=2),
+            ),
+        ]
+    return found
+
+
+def target_cases() -> list[Case[Step]]:
+    return [c for k in TARGET_WIDTHS for c in _phase_cases(k, data_parallel=True)]
+
+
+def draft_cases(speculator: str) -> list[Case[Step]]:
+    return [
+        Case(f"{case.name}, {speculator}'s draft prefill", case.expect, case.step)
+        for k in DRAFT_WIDTHS
+        for case in _phase_cases(k, data_parallel=False)
+    ]
+
+
+# -- fake state -------------------------------------------------------------------
+
+
+def _req_id(index: int) -> str:
+    return f"req-{index}"
+
+
+def _state_index(index: int) -> int:
+    # Request states sit in non-contiguous slots, as after other requests left.
+    return 3 + 2 * index
+
+
+def scheduler_output(step: Step) -> Fake:
+    scheduled = {_req_id(i): req.scheduled for i, req in enumerate(step.reqs)}
+    return Fake(
+        "SchedulerOutput",
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={
+            _req_id(i): [0] * req.drafts
+            for i, req in enumerate(step.reqs)
+            if req.drafts
+        },
+        scheduled_new_reqs=[],
+        finished_req_ids=set(),
+        scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[],
+    )
+
+
+def request_states(step: Step) -> Fake:
+    prefill_len = np.zeros(MAX_REQS, dtype=np.int32)
+    computed_prefill = np.zeros(MAX_REQS, dtype=np.int32)
+    computed = np.zeros(MAX_REQS, dtype=np.int32)
+    ids: dict[str, int] = {}
+    everyone = [*step.reqs, *step.unscheduled]
+    for i, req in enumerate(everyone):
+        slot = _state_index(i)
+        ids[_req_id(i)] = slot
+        prefill_len[slot] = req.prefill_len
+        computed_prefill[slot] = min(req.computed, req.prefill_len)
+        computed[slot] = req.computed
+    return Fake(
+        "RequestState",
+        req_id_to_index=ids,
+        index_to_req_id={slot: rid for rid, slot in ids.items()},
+        prefill_len=Fake("UvaBuffer", np=prefill_len),
+        prompt_len=Fake("UvaBuffer", np=prefill_len.copy()),
+        num_computed_prefill_tokens=computed_prefill,
+        num_computed_tokens=Fake("StagedWrites", np=computed),
+        num_computed_tokens_np=computed,
+        max_seq_len=computed + 64,
+        num_speculative_steps=step.k,
+    )
+
+
+def runner_state(step: Step) -> dict[str, Any]:
+    parallel = Fake(
+        "ParallelConfig",
+        data_parallel_size=step.dp_size,
+        data_parallel_rank=0,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+    )
+    state: dict[str, Any] = {
+        "decode_query_len": step.k + 1,
+        "num_speculative_steps": step.k,
+        "req_states": request_states(step),
+        "cudagraph_manager": GraphManager(),
+        "dp_size": step.dp_size,
+        "dp_rank": 0,
+        "use_pp": False,
+        "pcp_manager": None,
+        "adaptive_verification": None,
+        "lora_config": None,
+        "is_encoder_decoder": False,
+        "ubatch_runner": None,
+        "aux_output_connector": None,
+        "speculator": None,
+        "parallel_config": parallel,
+        "observability_config": Fake("ObservabilityConfig", cudagraph_metrics=False),
+    }
+    for update in STATE_UPDATES:
+        state[update] = _no_op
+    return state
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
+    """The target's input batch as the draft prefill gets it, with the phase
+    columns the tree's ``InputBatch`` declares."""
+    reqs = step.reqs
+    scheduled = np.array([r.scheduled for r in reqs], dtype=np.int32)
+    prefilling = np.array([r.in_prefill for r in reqs], dtype=bool)
+    phase: dict[str, Any] = {
+        "is_prefilling_np": prefilling,
+        "has_prefill": bool(prefilling.any()),
+        "decode_graph_eligible": not bool(prefilling.any()),
+        "prefill_len_np": np.array([r.prefill_len for r in reqs], dtype=np.int32),
+        "num_computed_prefill_tokens_np": np.array(
+            [min(r.computed, r.prefill_len) for r in reqs], dtype=np.int32
+        ),
+        "num_computed_tokens_np": np.array([r.computed for r in reqs], dtype=np.int32),
+        "prefill_runs_as_decode_np": None,
+        "max_query_len": None if prefilling.any() else int(scheduled.max()),
+    }
+    fields = {name: value for name, value in phase.items() if name in declared}
+    idx = np.array([_state_index(i) for i in range(len(reqs))], dtype=np.int32)
+    return Fake(
+        "InputBatch",
+        req_ids=[_req_id(i) for i in range(len(reqs))],
+        num_reqs=len(reqs),
+        num_reqs_after_padding=len(reqs),
+        idx_mapping_np=idx,
+        num_scheduled_tokens=scheduled,
+        num_tokens=int(scheduled.sum()),
+        num_tokens_after_padding=int(scheduled.sum()),
+        num_draft_tokens=sum(r.drafts for r in reqs),
+        num_draft_tokens_per_req=np.array([r.drafts for r in reqs], dtype=np.int32),
+        seq_lens_cpu_upper_bound=np.array(
+            [r.computed + r.scheduled for r in reqs], dtype=np.int32
+        ),
+        **fields,
+    )
+
+
+def speculator_state(step: Step) -> dict[str, Any]:
+    return {
+        "prefill_cudagraph_manager": GraphManager(),
+        "cudagraph_manager": GraphManager(),
+        "dp_size": step.dp_size,
+        "dp_rank": 0,
+        "num_speculative_steps": step.k,
+        "max_model_len": 4096,
+        "max_num_reqs": MAX_REQS,
+        "decode_query_len": step.k + 1,
+        "pcp_manager": None,
+        "adaptive_verification": None,
+    }
+
+
+def _arguments(
+    function: Callable[..., Any], supplied: dict[str, Any]
+) -> dict[str, Any]:
+    """``function``'s parameters by name: the supplied ones, a stand-in for
+    any other without a default."""
+    try:
+        parameters = parameters_of(function)
+    except (TypeError, ValueError) as error:
+        raise CannotRun(f"its signature cannot be read ({error})") from error
+    arguments: dict[str, Any] = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.name in supplied:
+            arguments[parameter.name] = supplied[parameter.name]
+        elif parameter.default is parameter.empty:
+            arguments[parameter.name] = StandIn(parameter.name)
+    return arguments
+
+
+def _outcome(case: Case[Step], run: Callable[[], Any]) -> Outcome:
+    q = case.step.k + 1
+    try:
+        run()
+    except ReachedDispatch as reached:
+        uniform = reached.uniform_token_count == q and not isinstance(
+            reached.uniform_token_count, StandIn
+        )
+        bound = reached.max_query_len
+        varlen = isinstance(bound, int | np.integer) and 0 < bound <= q
+        full = bool(uniform or varlen)
+        said = (
+            "got the FULL decode graph"
+            if uniform
+            else f"got a FULL varlen decode graph (query length bound {bound})"
+            if varlen
+            else "ran without the FULL decode graph"
+        )
+        right = (not full) if case.expect is Expect.KEPT_OFF else full
+        return Outcome(right, said)
+    raise CannotRun("the step ended before it reached the CUDA-graph dispatch")
+
+
+class Target:
+    """The runner and speculators: compiled from source, or the live classes."""
+
+    def __init__(
+        self,
+        make: Callable[[str, str, dict[str, Any]], Any],
+        speculators: list[tuple[str, str]],
+        declared: set[str],
+    ) -> None:
+        self.make = make
+        self.speculators = speculators
+        self.declared = declared
+
+    def run_target(self, case: Case[Step]) -> Outcome:
+        runner = self.make(MRV2_RUNNER, MRV2_RUNNER_CLASS, runner_state(case.step))
+        step = getattr(runner, TARGET_STEP)
+        arguments = _arguments(
+            step, {"scheduler_output": scheduler_output(case.step), "dummy_run": False}
+        )
+        return _outcome(case, lambda: step(**arguments))
+
+    def run_draft(self, module: str, owner: str) -> Callable[[Case[Step]], Outcome]:
+        def run(case: Case[Step]) -> Outcome:
+            speculator = self.make(module, owner, speculator_state(case.step))
+            propose = getattr(speculator, DRAFT_STEP)
+            supplied = {
+                "input_batch": draft_batch(case.step, self.declared),
+                "attn_metadata": {},
+                "slot_mappings": {},
+                "aux_hidden_states": None,
+                "num_tokens_across_dp": None,
+                "dummy_run": False,
+                "skip_attn_for_dummy_run": False,
+                "is_profile": False,
+                "mm_inputs": None,
+            }
+            arguments = _arguments(propose, supplied)
+            return _outcome(case, lambda: propose(**arguments))
+
+        return run
+
+    def judge(self) -> Evidence:
+        cases: list[Case[Any]] = []
+        runs: dict[str, Callable[[Case[Step]], Outcome]] = {}
+        for case in target_cases():
+            cases.append(case)
+            runs[case.name] = self.run_target
+        for module, owner in self.speculators:
+            run = self.run_draft(module, owner)
+            for case in draft_cases(owner):
+                cases.append(case)
+                runs[case.name] = run
+        return judge_cases(cases, lambda case: runs[case.name](case))
+
+
+def _speculators_in_source(code: SourceCode) -> list[tuple[str, str]]:
+    """Each speculator class whose ``propose`` is a def of its own (a
+    subclass that inherits another's is judged with that one)."""
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for module, owner in MRV2_SPECULATORS:
+        if not code.sources.exists(module) or not code.sources.has_class(module, owner):
+            continue
+        defined = code.defining_class(module, owner, DRAFT_STEP)
+        if defined is not None and defined not in found:
+            found[defined] = (module, owner)
+    return list(found.values())
+
+
+def judge_source(sources: SourceReader) -> Evidence:
+    """The cases on MRV2's code compiled from ``sources`` (never imported)."""
+    code = shared_code(sources)
+    declared = {
+        name
+        for name in _PHASE_FIELDS
+        if sources.sets_attribute(MRV2_INPUT_BATCH, "InputBatch", name)
+    }
+    target = Target(
+        lambda module, owner, state: code.instance(module, owner, state),
+        _speculators_in_source(code),
+        declared,
+    )
+    return target.judge()
+
+
+def judge_live(
+    classes: dict[tuple[str, str], type],
+    input_batch: type | None,
+    installed: SourceReader,
+    draft: bool = True,
+) -> Evidence:
+    """The target's cases on the imported runner class; the draft prefill's
+    (unless ``draft`` is off) compiled from the installed source (the same
+    files), since the step before its dispatch launches GPU kernels that
+    cannot run here."""
+    declared = {
+        name
+        for name in _PHASE_FIELDS
+        if input_batch is not None
+        and (
+            name in getattr(input_batch, "__dataclass_fields__", {})
+            or hasattr(input_batch, name)
+        )
+    }
+    runner_class = classes[(MRV2_RUNNER, MRV2_RUNNER_CLASS)]
+
+    def make(module: str, owner: str, state: dict[str, Any]) -> Any:
+        if (module, owner) == (MRV2_RUNNER, MRV2_RUNNER_CLASS):
+            return live_instance(runner_class, state, {})
+        return shared_code(installed).instance(module, owner, state)
+
+    speculators = _speculators_in_source(shared_code(installed)) if draft else []
+    evidence = Target(make, speculators, declared).judge()
+    if not speculators:
+        return evidence
+    return dataclasses.replace(
+        evidence,
+        note="the draft prefill's compiled from the installed source (its "
+        "kernels need a GPU)",
+    )

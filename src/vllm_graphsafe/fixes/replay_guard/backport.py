@@ -1,0 +1,302 @@
+"""replay-guard as a source edit: where it binds, and the code it inserts.
+
+The inserted code is plain vLLM code (no import of this package), in vLLM's
+style, and makes the same decision as the runtime hooks: one helper,
+``graphsafe_attn_metadata_has_prefill``, in ``vllm/compilation/cuda_graph.py``
+(each KV-cache group's ``num_prefills`` read once), used by
+
+- ``CUDAGraphWrapper.__call__``: a FULL replay of a uniform batch descriptor
+  over metadata holding a prefill runs the runnable instead, the forward
+  context in mode NONE for the call;
+- Model Runner V2, where the tree has it: ``graphsafe_leave_decode_graph_for_prefill``
+  in ``gpu/cudagraph_utils.py`` hands back the batch descriptor in mode NONE
+  for such a step, and each step that replays in an ``if`` on the graph mode
+  (``execute_model``, the speculators' ``propose``) rebinds its descriptor
+  through it just before, so the step takes its own eager path.
+
+Every name the edit adds starts with ``graphsafe_`` (and the cache
+``_graphsafe_``): the edit is recognisably this project's.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.backport.imports import rewrite_import
+from vllm_graphsafe.backport.plan import Plan, edit, written_test_path
+from vllm_graphsafe.backport.source import (
+    LineEdit,
+    MissingSymbolError,
+    SourceFile,
+    assigned_names,
+    indent_block,
+)
+from vllm_graphsafe.backport.tree import Tree
+from vllm_graphsafe.fixes.replay_guard import FIX, written_tests
+from vllm_graphsafe.fixes.replay_guard.eager_branch import METADATA_LOCAL, replay_branch
+from vllm_graphsafe.vllm_layout import (
+    CUDA_GRAPH,
+    CUDA_GRAPH_WRAPPER_CLASS,
+    FORWARD_CONTEXT,
+    MRV2_CUDAGRAPH_UTILS,
+    MRV2_RUNNER,
+    MRV2_SPECULATORS,
+)
+
+HAS_PREFILL = "graphsafe_attn_metadata_has_prefill"
+LEAVE_DECODE_GRAPH = "graphsafe_leave_decode_graph_for_prefill"
+WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
+UNIFORM_FLAGS = ("uniform", "uniform_decode")
+
+_HAS_PREFILL_HELPER = '''\
+# Per number of layers: one layer per attention metadata object that counts its
+# prefill rows (the layers of a KV-cache group share one object).
+_graphsafe_prefill_counting_layers: dict[int, tuple[str, ...]] = {}
+
+
+def graphsafe_attn_metadata_has_prefill(
+    attn_metadata: dict[str, Any] | list[dict[str, Any]] | None,
+) -> bool:
+    """Whether a KV-cache group's attention metadata holds a prefill row, as
+    its builder counted the rows (``num_prefills``).
+
+    Each group's metadata is read once; builders that count no rows (varlen
+    kernels) are skipped. The counts are host integers: no GPU synchronisation.
+    A FULL CUDA graph captured for uniform decode must not replay over such a
+    step (vllm-graphsafe replay guard).
+    """
+    if attn_metadata is None:
+        return False
+    if not isinstance(attn_metadata, list):
+        attn_metadata = [attn_metadata]
+    for per_layer in attn_metadata:
+        layers = _graphsafe_prefill_counting_layers.get(len(per_layer))
+        if layers is None or any(name not in per_layer for name in layers):
+            seen: set[int] = set()
+            found = []
+            for name, metadata in per_layer.items():
+                if id(metadata) not in seen:
+                    seen.add(id(metadata))
+                    if type(getattr(metadata, "num_prefills", None)) is int:
+                        found.append(name)
+            layers = tuple(found)
+            _graphsafe_prefill_counting_layers[len(per_layer)] = layers
+        if any(per_layer[name].num_prefills for name in layers):
+            return True
+    return False
+
+
+'''
+
+_WRAPPER_GUARD = """\
+if (
+    cudagraph_runtime_mode == CUDAGraphMode.FULL
+    and batch_descriptor is not None
+    and batch_descriptor.{flag}
+    and graphsafe_attn_metadata_has_prefill(forward_context.attn_metadata)
+):
+    # A FULL graph captured for uniform decode never replays over a
+    # step whose attention metadata holds a prefill row: run the step
+    # eagerly, same padded inputs (vllm-graphsafe replay guard).
+    logger.warning_once(
+        "A step whose attention metadata holds a prefill was about to replay "
+        "a FULL decode CUDA graph (%s); it runs without the graph.",
+        batch_descriptor,
+    )
+    forward_context.cudagraph_runtime_mode = CUDAGraphMode.NONE
+    try:
+        return self.runnable(*args, **kwargs)
+    finally:
+        forward_context.cudagraph_runtime_mode = cudagraph_runtime_mode
+
+"""
+
+_LEAVE_DECODE_GRAPH_HELPER = '''\
+
+
+def graphsafe_leave_decode_graph_for_prefill(
+    desc: BatchExecutionDescriptor,
+    attn_metadata: dict[str, Any] | list[dict[str, Any]] | None,
+) -> BatchExecutionDescriptor:
+    """``desc``, or a copy in mode NONE where a FULL decode graph would
+    replay over attention metadata holding a prefill row: the caller then
+    takes its eager path, with the same padded token count (vllm-graphsafe
+    replay guard). A decode graph has {decode_doc}."""
+    if desc.cg_mode != CUDAGraphMode.FULL or (
+        desc.uniform_token_count is None{varlen_test}
+    ):
+        return desc
+    if not graphsafe_attn_metadata_has_prefill(attn_metadata):
+        return desc
+    logger.warning_once(
+        "A step whose attention metadata holds a prefill was about to replay "
+        "a FULL decode CUDA graph (%s); it runs without the graph.",
+        desc,
+    )
+    return replace(desc, cg_mode=CUDAGraphMode.NONE)
+'''
+_UNIFORM_DOC = "a uniform token count"
+_VARLEN_DOC = "a uniform token count or a varlen decode bound"
+_VARLEN_TEST = " and desc.max_query_len is None"
+
+_REBIND = """\
+# Never a FULL decode graph over a prefill (vllm-graphsafe replay guard).
+{desc} = graphsafe_leave_decode_graph_for_prefill(
+    {desc}, attn_metadata
+)
+"""
+
+
+def plan(tree: Tree) -> Plan:
+    wrapper = tree.require(CUDA_GRAPH)
+    flag = _uniform_flag(tree)
+    plan = Plan(FIX.id, "CUDAGraphWrapper", names=(HAS_PREFILL,))
+    edit(plan, wrapper, _wrapper_edits(wrapper, flag))
+    sites = 0
+    if tree.exists(MRV2_RUNNER):
+        sites = _mrv2(tree, plan)
+        plan.layout += f" and Model Runner V2 ({sites} replay sites)"
+        plan.names = (HAS_PREFILL, LEAVE_DECODE_GRAPH)
+    plan.tests[written_test_path(plan.fix_id)] = written_tests.replay_guard(
+        flag=flag, mrv2=sites > 0
+    )
+    return plan
+
+
+def _uniform_flag(tree: Tree) -> str:
+    forward_context = tree.require(FORWARD_CONTEXT)
+    descriptor = recognition.find_class(forward_context.tree, "BatchDescriptor")
+    if descriptor is None:
+        raise MissingSymbolError(f"{FORWARD_CONTEXT}.BatchDescriptor")
+    for flag in UNIFORM_FLAGS:
+        if recognition.class_sets_attribute(descriptor, flag):
+            return flag
+    flags = " or ".join(UNIFORM_FLAGS)
+    raise MissingSymbolError(f"{FORWARD_CONTEXT}.BatchDescriptor's flag {flags}")
+
+
+def _wrapper_edits(source: SourceFile, flag: str) -> list[LineEdit]:
+    call = source.function(WRAPPER_CALL)
+    for name in ("forward_context", "batch_descriptor", "cudagraph_runtime_mode"):
+        if name not in assigned_names(call):
+            raise MissingSymbolError(f"the local {name} of {CUDA_GRAPH}.{WRAPPER_CALL}")
+    for name in ("CUDAGraphMode", "logger", "Any"):
+        if not recognition.module_binds(source.tree, name):
+            raise MissingSymbolError(f"{name} in {source.relpath}")
+    early_return = _mode_mismatch_return(call)
+    wrapper_class = recognition.find_class(source.tree, CUDA_GRAPH_WRAPPER_CLASS)
+    assert wrapper_class is not None and early_return.end_lineno is not None
+    first_line = min(
+        [wrapper_class.lineno, *(d.lineno for d in wrapper_class.decorator_list)]
+    )
+    guard = _WRAPPER_GUARD.format(flag=flag)
+    return [
+        LineEdit(first_line - 1, first_line - 1, _HAS_PREFILL_HELPER),
+        LineEdit(
+            early_return.end_lineno,
+            early_return.end_lineno,
+            "\n"
+            + indent_block(guard, source.indent_of(early_return)).rstrip("\n")
+            + "\n",
+        ),
+    ]
+
+
+def _mode_mismatch_return(call: recognition.FunctionNode) -> ast.If:
+    """``if <mode> == NONE or <mode> != self.runtime_mode:`` returning
+    ``self.runnable(...)``."""
+    for node in call.body:
+        if (
+            isinstance(node, ast.If)
+            and "cudagraph_runtime_mode" in recognition.referenced_names(node.test)
+            and "runtime_mode" in recognition.referenced_names(node.test)
+            and len(node.body) == 1
+            and isinstance(node.body[0], ast.Return)
+            and isinstance(node.body[0].value, ast.Call)
+            and recognition.called_name(node.body[0].value) == "runnable"
+        ):
+            return node
+    raise MissingSymbolError(
+        f"the return of the runnable when the mode does not match in {WRAPPER_CALL}"
+    )
+
+
+def _mrv2(tree: Tree, plan: Plan) -> int:
+    """The helper in MRV2's graph utilities, and every replay site rebinding
+    its descriptor through it; the number of sites."""
+    utilities = tree.require(MRV2_CUDAGRAPH_UTILS)
+    descriptor = recognition.find_class(utilities.tree, "BatchExecutionDescriptor")
+    if descriptor is None:
+        raise MissingSymbolError(f"{MRV2_CUDAGRAPH_UTILS}.BatchExecutionDescriptor")
+    for name in ("cg_mode", "uniform_token_count"):
+        if not recognition.class_sets_attribute(descriptor, name):
+            raise MissingSymbolError(
+                f"{MRV2_CUDAGRAPH_UTILS}.BatchExecutionDescriptor.{name}"
+            )
+    for name in ("CUDAGraphMode", "logger", "Any"):
+        if not recognition.module_binds(utilities.tree, name):
+            raise MissingSymbolError(f"{name} in {utilities.relpath}")
+    varlen = recognition.class_sets_attribute(descriptor, "max_query_len")
+    helper = _LEAVE_DECODE_GRAPH_HELPER.format(
+        decode_doc=_VARLEN_DOC if varlen else _UNIFORM_DOC,
+        varlen_test=_VARLEN_TEST if varlen else "",
+    )
+    assert descriptor.end_lineno is not None
+    utility_edits = [
+        LineEdit(descriptor.end_lineno, descriptor.end_lineno, helper),
+        *rewrite_import(utilities, CUDA_GRAPH, set(), {HAS_PREFILL}),
+    ]
+    if not recognition.module_binds(utilities.tree, "replace"):
+        utility_edits += rewrite_import(utilities, "dataclasses", set(), {"replace"})
+    edit(plan, utilities, utility_edits)
+
+    runner = tree.require(MRV2_RUNNER)
+    step = runner.function("GPUModelRunner.execute_model")
+    if replay_branch(step) is None or METADATA_LOCAL not in assigned_names(step):
+        raise MissingSymbolError(
+            "the FULL-graph replay of GPUModelRunner.execute_model in an if/else "
+            f"on the graph mode, beside its {METADATA_LOCAL}"
+        )
+    sites = 0
+    modules = [MRV2_RUNNER] + [
+        module for module, _ in MRV2_SPECULATORS if tree.exists(module)
+    ]
+    for module in modules:
+        source = tree.require(module)
+        edits = _rebind_edits(source)
+        if not edits:
+            continue
+        sites += len(edits)
+        edits += rewrite_import(
+            source, MRV2_CUDAGRAPH_UTILS, set(), {LEAVE_DECODE_GRAPH}
+        )
+        edit(plan, source, edits)
+    return sites
+
+
+def _rebind_edits(source: SourceFile) -> list[LineEdit]:
+    """Before each replay in an if/else on the graph mode, in a function that
+    holds the step's ``attn_metadata``: the descriptor rebound."""
+    edits = []
+    for node in ast.walk(source.tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        branch = replay_branch(node)
+        if branch is None:
+            continue
+        if METADATA_LOCAL not in assigned_names(node) | set(
+            recognition.parameter_names(node)
+        ):
+            continue
+        line = branch.node.lineno - 1
+        if not source.lines[line].lstrip().startswith("if "):
+            raise MissingSymbolError(
+                f"the replay of {source.module_name}.{node.name} in an if of its own "
+                "(not an elif)"
+            )
+        rebind = _REBIND.format(desc=branch.descriptor)
+        edits.append(
+            LineEdit(line, line, indent_block(rebind, source.indent_of(branch.node)))
+        )
+    return edits

@@ -1,0 +1,199 @@
+"""Is a FULL decode graph's replay guarded? Run the wrapper's call on the cases.
+
+``CUDAGraphWrapper.__call__`` (compiled from the tree, never imported) is
+called as a FULL wrapper whose graph for the step's batch descriptor is
+already captured, in a forward context asking for FULL, with attention
+metadata as the builders classified the step's rows. The question: does it
+replay the graph, or run its runnable without it? A step holding a prefill
+row under a uniform (decode) descriptor must not replay; a decode step must,
+and so must a FULL graph captured for mixed batches (its descriptor is not a
+decode graph's).
+
+Model Runner V2 replays inline, deep in its step's forward, where its
+replay sites cannot be run on fakes: where it exists, those sites are read
+(the evidence says so), and a tree is native only where both hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from vllm_graphsafe.behaviour.compiled import shared_code
+from vllm_graphsafe.behaviour.fakes import (
+    FORWARD_CONTEXT_SLOT,
+    Fake,
+    descriptor,
+    member,
+)
+from vllm_graphsafe.behaviour.judgement import (
+    BEHAVIOUR,
+    CannotRun,
+    Case,
+    Evidence,
+    Expect,
+    Outcome,
+    judge_cases,
+)
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.vllm_layout import CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, MRV2_RUNNER
+
+
+class Replay(NamedTuple):
+    #: Each microbatch's groups, as their builders' prefill counts.
+    groups: tuple[tuple[int, ...], ...]
+    #: The descriptor is a uniform (decode) batch's.
+    uniform: bool = True
+
+
+def cases() -> list[Case[Replay]]:
+    off, on = Expect.KEPT_OFF, Expect.KEPT_ON
+    return [
+        Case("a decode step over 2 KV-cache groups", on, Replay(((0, 0),))),
+        Case("a decode step over 1 KV-cache group", on, Replay(((0,),))),
+        Case("a prompt row in 1 of 2 KV-cache groups", off, Replay(((0, 1),))),
+        Case("a prompt row in a single KV-cache group", off, Replay(((1,),))),
+        Case("prompt rows in every KV-cache group", off, Replay(((2, 3),))),
+        Case("a decode step in 2 microbatches", on, Replay(((0, 0), (0, 0)))),
+        Case(
+            "a prompt row in the second of 2 microbatches",
+            off,
+            Replay(((0, 0), (0, 1))),
+        ),
+        Case(
+            "a prompt row under a FULL graph captured for mixed batches",
+            on,
+            Replay(((1,),), uniform=False),
+        ),
+    ]
+
+
+class Graph:
+    """A captured CUDA graph: records its replays."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def _metadata(groups: tuple[int, ...], per_group: int = 3) -> dict[str, Any]:
+    """One microbatch's layer -> metadata (the layers of a group share one)."""
+    layers: dict[str, Any] = {}
+    for group, prefills in enumerate(groups):
+        shared = Fake("AttentionMetadata", num_prefills=prefills, num_decodes=2)
+        for layer in range(per_group):
+            layers[f"model.layers.{group * per_group + layer}.attn"] = shared
+    return layers
+
+
+def _runnable(eager: list[bool]) -> Callable[..., str]:
+    def run(*args: Any, **kwargs: Any) -> str:
+        eager.append(True)
+        return "eager"
+
+    return run
+
+
+class Target:
+    def __init__(
+        self,
+        make: Callable[[dict[str, Any]], Any],
+        call: Any,
+        modes: Any,
+        descriptor_type: Any,
+    ) -> None:
+        self.make = make
+        self.call = call
+        self.modes = modes
+        self.descriptor_type = descriptor_type
+
+    def run(self, case: Case[Replay]) -> Outcome:
+        full = member(self.modes, "FULL")
+        batch = descriptor(
+            self.descriptor_type, num_tokens=8, num_reqs=2, uniform=case.step.uniform
+        )
+        if hasattr(batch, "uniform_decode") and not hasattr(batch, "uniform"):
+            batch = descriptor(
+                self.descriptor_type,
+                num_tokens=8,
+                num_reqs=2,
+                uniform_decode=case.step.uniform,
+            )
+        graph = Graph()
+        eager: list[bool] = []
+        metadata = [_metadata(groups) for groups in case.step.groups]
+        context = Fake(
+            "ForwardContext",
+            cudagraph_runtime_mode=full,
+            batch_descriptor=batch,
+            attn_metadata=metadata[0] if len(metadata) == 1 else metadata,
+        )
+        entry = Fake(
+            "CUDAGraphEntry",
+            batch_descriptor=batch,
+            cudagraph=graph,
+            output="replayed",
+            input_addresses=None,
+        )
+        wrapper = self.make(
+            {
+                "runtime_mode": full,
+                "runnable": _runnable(eager),
+                "concrete_cudagraph_entries": {batch: entry},
+                "cudagraph_options": Fake(
+                    "CUDAGraphOptions", debug_log_enable=False, gc_disable=False
+                ),
+                "is_debugging_mode": False,
+                "graph_pool": None,
+            }
+        )
+        FORWARD_CONTEXT_SLOT[0] = context
+        try:
+            self.call(wrapper)
+        finally:
+            FORWARD_CONTEXT_SLOT[0] = None
+        if graph.replays and not eager:
+            replayed = True
+        elif eager and not graph.replays:
+            replayed = False
+        else:
+            raise CannotRun("the wrapper neither replayed its graph nor ran eagerly")
+        said = "replayed the FULL graph" if replayed else "ran without the FULL graph"
+        right = (not replayed) if case.expect is Expect.KEPT_OFF else replayed
+        return Outcome(right, said)
+
+
+def judge_source(sources: SourceReader) -> Evidence:
+    """The cases on the tree's ``CUDAGraphWrapper.__call__``; where the tree has
+    Model Runner V2, its replay sites read as well."""
+    code = shared_code(sources)
+    if not sources.has_class(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS):
+        raise CannotRun(f"{CUDA_GRAPH} defines no {CUDA_GRAPH_WRAPPER_CLASS}")
+    call = code.method(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, "__call__")
+    if not callable(call):
+        raise CannotRun(f"{CUDA_GRAPH_WRAPPER_CLASS} has no __call__ to run")
+    target = Target(
+        lambda state: code.instance(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, state),
+        call,
+        code.name_or_none(CUDA_GRAPH, "CUDAGraphMode"),
+        code.name_or_none(CUDA_GRAPH, "BatchDescriptor"),
+    )
+    evidence = judge_cases(cases(), target.run)
+    if not sources.exists(MRV2_RUNNER) or evidence.how != BEHAVIOUR:
+        return evidence
+    from vllm_graphsafe.fixes.replay_guard import mrv2
+
+    guarded = mrv2.native_reason(sources)
+    if evidence.failed is None and evidence.could_not_run is None and not guarded:
+        return dataclasses.replace(
+            evidence,
+            failed="Model Runner V2 replays its decode graphs unguarded (read: its "
+            "replay sites hand no step holding a prefill to its eager path)",
+        )
+    return dataclasses.replace(
+        evidence,
+        note="Model Runner V2's replay sites read, as they cannot run on fakes",
+    )

@@ -1,0 +1,243 @@
+"""Model Runner V2's own eager path, taken where it replayed a FULL graph.
+
+MRV2 replays a FULL graph from the step itself: its ``execute_model`` (and a
+speculator's ``propose``) reads
+
+    if batch_desc.cg_mode == CUDAGraphMode.FULL:
+        ...
+        model_output = self.cudagraph_manager.run_fullgraph(batch_desc)
+    else:
+        <vLLM's eager and PIECEWISE path>
+
+so the guard, inside ``run_fullgraph``, cannot hand the step back to the
+caller's ``else``. It runs that ``else`` instead: :func:`site_of` reads the
+calling function's source once (by its code object), finds the branch around
+the ``run_fullgraph`` call, and compiles its ``else`` statements as a function
+of the caller's locals, with vLLM's file and line numbers and the caller's
+module globals. The guard calls it with the caller's locals and the batch
+descriptor replaced by a copy in mode NONE, so vLLM's own code builds the
+forward context, runs the model eagerly and assigns what the ``FULL`` branch
+would have (``model_output``). Calls the ``FULL`` branch already made before
+the replay (``kv_connector.pre_forward``) are left out of the ``else``, so
+nothing runs twice. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import inspect
+import textwrap
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+#: The replay call the branch is found by.
+REPLAY = "run_fullgraph"
+#: The graph mode attribute the branch tests, and the value it tests for.
+MODE_ATTRIBUTE = "cg_mode"
+FULL = "FULL"
+#: The caller's local the guard reads the step's attention metadata from.
+METADATA_LOCAL = "attn_metadata"
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """A function that replays a FULL graph in an ``if`` whose ``else`` is
+    vLLM's eager path."""
+
+    #: The caller's name (``execute_model``, ``propose``).
+    function: str
+    #: The local holding the batch descriptor the branch tests (``batch_desc``).
+    descriptor: str
+    #: The local the ``FULL`` branch assigns the replay's result to, if any.
+    output: str | None
+    #: The ``else`` statements as a function of the caller's locals, returning
+    #: its locals after them.
+    eager: Callable[..., dict[str, Any]]
+    #: The caller's locals that function takes.
+    inputs: tuple[str, ...]
+
+    def run_eagerly(self, caller_locals: Mapping[str, Any], descriptor: Any) -> Any:
+        """The ``else`` path on the caller's locals, ``descriptor`` standing
+        for the branch's batch descriptor; what the replay would have returned."""
+        arguments = {name: caller_locals[name] for name in self.inputs}
+        arguments[self.descriptor] = descriptor
+        after = self.eager(**arguments)
+        return after.get(self.output) if self.output is not None else None
+
+
+class NotASite(LookupError):
+    """The function does not replay a FULL graph in such a branch."""
+
+
+def site_of(code: types.CodeType, module_globals: dict[str, Any]) -> Site:
+    """The replay site of the function whose code is ``code``; ``NotASite``
+    where it has none (or its source cannot be read)."""
+    try:
+        source = inspect.getsource(code)
+    except (OSError, TypeError) as error:
+        raise NotASite(f"no source for {code.co_name}: {error}") from None
+    tree = ast.parse(textwrap.dedent(source))
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise NotASite(f"{code.co_name} is not a function definition")
+    ast.increment_lineno(tree, code.co_firstlineno - 1)
+    branch = replay_branch(function)
+    if branch is None:
+        raise NotASite(f"{code.co_name} replays no FULL graph in an if/else")
+    descriptor, output = branch.descriptor, branch.output
+    local_names = set(code.co_varnames) | set(code.co_cellvars)
+    statements = _without_calls(branch.node.orelse, branch.calls_before_replay)
+    inputs = sorted(
+        (_loaded(statements) & local_names) - _stored(statements) | {descriptor}
+    )
+    if METADATA_LOCAL not in local_names:
+        raise NotASite(f"{code.co_name} has no local {METADATA_LOCAL!r}")
+    return Site(
+        function=code.co_name,
+        descriptor=descriptor,
+        output=output,
+        eager=_compile(statements, inputs, code, module_globals),
+        inputs=tuple(inputs),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    node: ast.If
+    descriptor: str
+    output: str | None
+    #: Names of the calls the FULL branch makes, as statements, before the replay.
+    calls_before_replay: frozenset[str]
+
+
+def replay_branch(function: ast.AST) -> Branch | None:
+    """``if <desc>.cg_mode == <...>.FULL: ... <...>.run_fullgraph(<desc>)``
+    with an ``else``."""
+    for node in ast.walk(function):
+        if not isinstance(node, ast.If) or not node.orelse:
+            continue
+        descriptor = _tested_descriptor(node.test)
+        if descriptor is None:
+            continue
+        before: set[str] = set()
+        for statement in node.body:
+            found = _replay_of(statement, descriptor)
+            if found is not None:
+                return Branch(node, descriptor, found[1], frozenset(before))
+            if isinstance(statement, ast.Expr) and isinstance(
+                statement.value, ast.Call
+            ):
+                name = _call_name(statement.value)
+                if name is not None:
+                    before.add(name)
+    return None
+
+
+def _tested_descriptor(test: ast.expr) -> str | None:
+    """``desc`` in ``desc.cg_mode == <...>.FULL``."""
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq | ast.Is)
+        and isinstance(test.left, ast.Attribute)
+        and test.left.attr == MODE_ATTRIBUTE
+        and isinstance(test.left.value, ast.Name)
+        and isinstance(test.comparators[0], ast.Attribute)
+        and test.comparators[0].attr == FULL
+    ):
+        return None
+    return test.left.value.id
+
+
+def _replay_of(
+    statement: ast.stmt, descriptor: str
+) -> tuple[ast.Call, str | None] | None:
+    """The replay call in ``statement`` (``x = m.run_fullgraph(desc)`` or the
+    bare call), with the name it assigns."""
+    value: ast.expr | None = None
+    output: str | None = None
+    if isinstance(statement, ast.Expr):
+        value = statement.value
+    elif (
+        isinstance(statement, ast.Assign)
+        and len(statement.targets) == 1
+        and isinstance(statement.targets[0], ast.Name)
+    ):
+        value, output = statement.value, statement.targets[0].id
+    if (
+        isinstance(value, ast.Call)
+        and _call_name(value) == REPLAY
+        and len(value.args) == 1
+        and isinstance(value.args[0], ast.Name)
+        and value.args[0].id == descriptor
+    ):
+        return value, output
+    return None
+
+
+def _call_name(call: ast.Call) -> str | None:
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    return None
+
+
+class _DropCalls(ast.NodeTransformer):
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
+        if isinstance(node.value, ast.Call) and _call_name(node.value) in self.names:
+            return ast.Pass(lineno=node.lineno, col_offset=node.col_offset)
+        return node
+
+
+def _without_calls(statements: list[ast.stmt], names: frozenset[str]) -> list[ast.stmt]:
+    module = ast.Module(body=copy.deepcopy(statements), type_ignores=[])
+    return list(_DropCalls(names).visit(module).body)
+
+
+def _loaded(statements: list[ast.stmt]) -> set[str]:
+    return {
+        node.id
+        for statement in statements
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+
+
+def _stored(statements: list[ast.stmt]) -> set[str]:
+    return {
+        node.id
+        for statement in statements
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    }
+
+
+def _compile(
+    statements: list[ast.stmt],
+    inputs: list[str],
+    code: types.CodeType,
+    module_globals: dict[str, Any],
+) -> Callable[..., dict[str, Any]]:
+    name = f"{code.co_name}_eager_branch"
+    parameters = f"*, {', '.join(inputs)}" if inputs else ""
+    module = ast.parse(f"def {name}({parameters}):\n    return locals()\n")
+    function = module.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    line = statements[0].lineno if statements else code.co_firstlineno
+    ast.increment_lineno(module, line - 1)
+    function.body[:0] = statements
+    namespace: dict[str, Any] = {}
+    exec(
+        compile(ast.fix_missing_locations(module), code.co_filename, "exec"),
+        module_globals,
+        namespace,
+    )
+    compiled: Callable[..., dict[str, Any]] = namespace[name]
+    return compiled

@@ -1,0 +1,238 @@
+"""The replay guard's runtime form: read the step's metadata where a FULL decode
+graph is about to replay, and run a step holding a prefill without the graph.
+
+The fix's facts (what, why, upstream, removal) are in this folder's
+``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
+
+V1 (and any FULL ``CUDAGraphWrapper``): ``CUDAGraphWrapper.__call__`` is
+replaced. A PIECEWISE wrapper goes straight to vLLM's method (one identity
+test). A FULL wrapper whose forward context asks for FULL with a uniform batch
+descriptor (a decode graph) reads each KV-cache group's ``num_prefills`` once;
+with a prefill there, it runs its runnable itself with the forward context's
+mode set to NONE for the call, so the PIECEWISE wrappers inside run eagerly too
+and layers that branch on FULL take their eager path, exactly as vLLM runs a
+step it has no graph for. The inputs are the padded ones the runner handed the
+graph, so tensor-, data- and expert-parallel collectives keep their shapes.
+
+Model Runner V2 replays its graphs itself (:mod:`.mrv2`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from vllm_graphsafe import counts
+from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX, REPLAYED
+from vllm_graphsafe.fixes.replay_guard.common import (
+    WARN_ONCE,
+    reads_prefill_counts,
+    stores_attribute,
+)
+from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
+from vllm_graphsafe.registry import (
+    HookPoint,
+    OnFailure,
+    Patch,
+    ReplaceHook,
+    Requirement,
+    SetsAttribute,
+    SourceReader,
+)
+from vllm_graphsafe.vllm_layout import (
+    COMPILATION_CONFIG,
+    CUDA_GRAPH,
+    CUDA_GRAPH_WRAPPER_CLASS,
+    FORWARD_CONTEXT,
+    MRV2_RUNNER,
+    load_name,
+)
+
+PATCH_ID = FIX.id
+WRAPPER_MODULE = CUDA_GRAPH
+WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
+#: The batch descriptor's flag of a uniform (decode) batch, by release.
+UNIFORM_FLAGS = ("uniform", "uniform_decode")
+_READING = (
+    "CUDAGraphWrapper.runtime_mode and runnable, the forward context's "
+    "cudagraph_runtime_mode, batch_descriptor and attn_metadata (num_prefills)"
+)
+
+logger = logging.getLogger("vllm.graphsafe")
+
+
+def uniform_flag(descriptor_class: type) -> Callable[[Any], bool]:
+    """The reader of a batch descriptor's uniform (decode) flag, for this
+    release's ``BatchDescriptor``; ``TypeError`` where it has none."""
+    names = {field.name for field in dataclasses.fields(descriptor_class)}
+    for flag in UNIFORM_FLAGS:
+        if flag in names:
+            return _flag_reader(flag)
+    raise TypeError(
+        f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
+        "decode graph from a mixed one"
+    )
+
+
+def _flag_reader(flag: str) -> Callable[[Any], bool]:
+    def is_decode_graph(descriptor: Any) -> bool:
+        return descriptor is not None and bool(getattr(descriptor, flag))
+
+    return is_decode_graph
+
+
+def run_without_graph(
+    runnable: Callable[..., Any],
+    context: Any,
+    eager_mode: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """The wrapper's runnable, eagerly: the forward context says NONE for the
+    call (inner PIECEWISE wrappers and FULL-aware layers then run eagerly),
+    and says what it said again afterwards."""
+    mode = context.cudagraph_runtime_mode
+    context.cudagraph_runtime_mode = eager_mode
+    try:
+        return runnable(*args, **kwargs)
+    finally:
+        context.cudagraph_runtime_mode = mode
+
+
+def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
+    """Factory of a :class:`ReplaceHook`: ``CUDAGraphWrapper.__call__``, guarded."""
+    parameters = list(inspect.signature(original).parameters.values())
+    kinds = [parameter.kind for parameter in parameters]
+    if kinds != [
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    ]:
+        raise TypeError(f"{WRAPPER_CALL} is not (self, *args, **kwargs)")
+    modes = load_name(COMPILATION_CONFIG, "CUDAGraphMode")
+    full, eager = modes.FULL, modes.NONE
+    available = load_name(FORWARD_CONTEXT, "is_forward_context_available")
+    current = load_name(FORWARD_CONTEXT, "get_forward_context")
+    is_decode_graph = uniform_flag(load_name(FORWARD_CONTEXT, "BatchDescriptor"))
+    count = counts.STATS.counter(PATCH_ID)
+    readers: dict[int, GroupPrefills] = {}
+
+    @functools.wraps(original)
+    def guarded_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.runtime_mode is not full:
+            return original(self, *args, **kwargs)
+        context = None
+        try:
+            if available():
+                step = current()
+                if step.cudagraph_runtime_mode is full and is_decode_graph(
+                    step.batch_descriptor
+                ):
+                    reader = readers.get(id(self))
+                    if reader is None:
+                        reader = readers.setdefault(id(self), GroupPrefills())
+                    if reader.holds_prefill(step.attn_metadata):
+                        context = step
+                        count(FELL_BACK)
+                        WARN_ONCE(
+                            "a FULL decode CUDA graph",
+                            functools.partial(_shape, reader, step),
+                        )
+                    else:
+                        count(REPLAYED)
+        except Exception as error:
+            on_failure(error, _READING)
+            return original(self, *args, **kwargs)
+        if context is None:
+            return original(self, *args, **kwargs)
+        return run_without_graph(self.runnable, context, eager, args, kwargs)
+
+    return guarded_call
+
+
+def _shape(reader: GroupPrefills, context: Any) -> str:
+    descriptor = context.batch_descriptor
+    return describe_step(
+        getattr(descriptor, "num_tokens", None),
+        getattr(descriptor, "num_reqs", None),
+        reader.prefill_counts(context.attn_metadata),
+    )
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """vLLM's own FULL replay runs a step holding a prefill without the graph.
+
+    No release does: an assert or a raise at the replay (as discussed in
+    vllm-project/vllm#55123) stops the server and is not this fix. Native only
+    where ``CUDAGraphWrapper.__call__`` switches the forward context's mode
+    (to run its runnable without the graph) and reads the builders'
+    ``num_prefills`` (itself or through a function of its module), and, where
+    Model Runner V2 exists, its step does the same (:func:`.mrv2.native_reason`).
+    When unsure: needed.
+    """
+    call = sources.function_node(WRAPPER_MODULE, WRAPPER_CALL)
+    if call is None or not stores_attribute(call, "cudagraph_runtime_mode"):
+        return None
+    if not reads_prefill_counts(sources, (WRAPPER_MODULE,), call):
+        return None
+    if sources.exists(MRV2_RUNNER):
+        from vllm_graphsafe.fixes.replay_guard import mrv2
+
+        if mrv2.native_reason(sources) is None:
+            return None
+    return (
+        f"{WRAPPER_CALL} runs a step whose attention metadata holds a prefill "
+        "without the FULL graph"
+    )
+
+
+class ReplayGuardPatch(Patch):
+    def __init__(self) -> None:
+        super().__init__(**FIX.catalogue_facts(), anchor_module=WRAPPER_MODULE)
+
+    def hook_points(self) -> list[HookPoint]:
+        hooks: list[HookPoint] = [
+            ReplaceHook(WRAPPER_MODULE, WRAPPER_CALL, bind_guarded_wrapper_call)
+        ]
+        if self.sources.exists(MRV2_RUNNER):
+            from vllm_graphsafe.fixes.replay_guard import mrv2
+
+            hooks += mrv2.hook_points(self.sources)
+        return hooks
+
+    def reads(self) -> list[Requirement]:
+        reads: list[Requirement] = [
+            SetsAttribute(WRAPPER_MODULE, CUDA_GRAPH_WRAPPER_CLASS, name, WRAPPER_CALL)
+            for name in ("runtime_mode", "runnable")
+        ]
+        reads += [
+            SetsAttribute(FORWARD_CONTEXT, "ForwardContext", name, WRAPPER_CALL)
+            for name in ("cudagraph_runtime_mode", "batch_descriptor", "attn_metadata")
+        ]
+        if self.sources.exists(MRV2_RUNNER):
+            from vllm_graphsafe.fixes.replay_guard import mrv2
+
+            reads += mrv2.reads(self.sources)
+        return reads
+
+    def native_reason(self, sources: SourceReader) -> str | None:
+        return native_reason(sources)
+
+    native_summary = (
+        "a FULL decode graph never replays over a step whose attention metadata "
+        "holds a prefill"
+    )
+
+    def behaviour(self, sources: SourceReader) -> Evidence | None:
+        from vllm_graphsafe.fixes.replay_guard import behaviour
+
+        return behaviour.judge_source(sources)
+
+
+def make_patch() -> ReplayGuardPatch:
+    return ReplayGuardPatch()

@@ -1,0 +1,179 @@
+"""Where a patch hooks vLLM, and what its hooks read: the hook points.
+
+:class:`WrapHook` puts a wrapt ``FunctionWrapper`` around a target, for calls
+off the per-step path; :class:`ReplaceHook` installs what a factory makes from
+the original, for the per-step path. :class:`SetsAttribute`,
+:class:`TakesParameters` and any :class:`SourceCheck` name what the hooks
+read, checked in vLLM's source before anything binds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import wrapt
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.sources import SourceReader
+
+#: ``on_failure(error, reading)``: a hook's own code failed while reading ``reading``.
+OnFailure = Callable[[BaseException, str], None]
+#: ``wrapper(wrapped, instance, args, kwargs, on_failure)`` of a :class:`WrapHook`.
+Wrapper = Callable[..., Any]
+#: ``factory(original, on_failure) -> replacement`` of a :class:`ReplaceHook`.
+Factory = Callable[[Any, OnFailure], Any]
+
+#: Set on a replacement: the id of the patch that installed it.
+REPLACEMENT_MARK = "__graphsafe_patch__"
+#: Set on a replacement: what it replaced.
+ORIGINAL_MARK = "__graphsafe_original__"
+
+
+def is_hooked(value: Any) -> bool:
+    """Whether ``value`` is a hook that a patch installed."""
+    return isinstance(value, wrapt.FunctionWrapper) or hasattr(value, REPLACEMENT_MARK)
+
+
+def original_of(value: Any) -> Any:
+    """What vLLM had where ``value``, a hook, was installed (``value`` itself
+    where it is not a hook)."""
+    while is_hooked(value):
+        if isinstance(value, wrapt.FunctionWrapper):
+            value = value.__wrapped__
+        else:
+            value = getattr(value, ORIGINAL_MARK)
+    return value
+
+
+def unhooked(cls: type) -> type:
+    """``cls`` as vLLM defines it: a subclass with every hook a patch put on
+    it or its bases replaced by what it replaced (``cls`` where there is none)."""
+    originals = {
+        name: original_of(value)
+        for klass in reversed(cls.__mro__)
+        for name, value in vars(klass).items()
+        if is_hooked(value)
+    }
+    if not originals:
+        return cls
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__, **originals})
+
+
+class _Located:
+    module: str
+    qualname: str
+    #: The hook point must be called (by name) from this qualname of ``module``.
+    caller: str | None
+
+    @property
+    def symbol(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    @property
+    def leaf(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class WrapHook(_Located):
+    """``qualname`` in ``module`` wrapped by a wrapt ``FunctionWrapper``."""
+
+    module: str
+    qualname: str
+    wrapper: Wrapper
+    caller: str | None = None
+
+    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
+        wrapper = functools.partial(self.wrapper, on_failure=on_failure)
+        return wrapt.wrap_function_wrapper(owner, attribute, wrapper)
+
+
+@dataclass(frozen=True)
+class ReplaceHook(_Located):
+    """``qualname`` in ``module`` replaced by ``factory(original, on_failure)``.
+
+    The factory runs before anything is replaced, so a factory that raises
+    (``TypeError`` for a signature it does not support) leaves ``owner``
+    untouched. A replacement is never stacked on one a patch installed (a
+    subclass inherits its base's, for instance).
+    """
+
+    module: str
+    qualname: str
+    factory: Factory
+    caller: str | None = None
+
+    def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
+        current = (
+            vars(owner).get(attribute)
+            if isinstance(owner, type)
+            else getattr(owner, attribute, None)
+        )
+        if is_hooked(getattr(owner, attribute, None)) or is_hooked(current):
+            raise ValueError(f"{self.symbol} already carries a patch's hook")
+        original = current if current is not None else getattr(owner, attribute)
+        replacement = self.factory(original, on_failure)
+        setattr(replacement, REPLACEMENT_MARK, True)
+        setattr(replacement, ORIGINAL_MARK, original)
+        setattr(owner, attribute, replacement)
+        return replacement
+
+
+HookPoint = WrapHook | ReplaceHook
+
+
+@dataclass(frozen=True)
+class SetsAttribute:
+    """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
+
+    module: str
+    owner: str
+    attribute: str
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        if not sources.has_class(self.module, self.owner):
+            return f"{self.module}.{self.owner} is missing (read by {self.reader})"
+        if not sources.sets_attribute(self.module, self.owner, self.attribute):
+            return (
+                f"{self.module}.{self.owner} no longer sets {self.attribute} "
+                f"(read by {self.reader})"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class TakesParameters:
+    """A hook reads these parameters of ``qualname`` in ``module``."""
+
+    module: str
+    qualname: str
+    parameters: tuple[str, ...]
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        node = sources.function_node(self.module, self.qualname)
+        if node is None:
+            return f"{self.module}.{self.qualname} is missing (read by {self.reader})"
+        lacking = [
+            p for p in self.parameters if p not in recognition.parameter_names(node)
+        ]
+        if lacking:
+            return (
+                f"{self.module}.{self.qualname} no longer takes "
+                f"{', '.join(lacking)} (read by {self.reader})"
+            )
+        return None
+
+
+class SourceCheck(Protocol):
+    """Any other thing a hook reads, checked in source at decide: one sentence
+    naming what is missing, or None."""
+
+    def missing(self, sources: SourceReader) -> str | None: ...
+
+
+Requirement = SetsAttribute | TakesParameters | SourceCheck
