@@ -506,10 +506,15 @@ def counting_as_a_server_does() -> Iterator[dict[str, int]]:
         tempfile.TemporaryDirectory(prefix="graphsafe-bench-stats-") as stats_dir,
     ):
         counts.STATS.configure(metrics, stats_dir)
-        yield {
-            "counts_directories": len(counts.STATS.directories),
-            "counts_pages": counts.STATS.distinct_pages,
-        }
+        try:
+            yield {
+                "counts_directories": len(counts.STATS.directories),
+                "counts_pages": counts.STATS.distinct_pages,
+            }
+        finally:
+            # The record writer thread runs on: it must not write into the
+            # directories while they are being removed.
+            counts.STATS.stop_writing(metrics, stats_dir)
 
 
 def vllm_version() -> str:

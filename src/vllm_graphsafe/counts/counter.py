@@ -187,6 +187,17 @@ class DispatchStats:
             self._start_writer()
             self._install_exit_hooks()
 
+    def stop_writing(self, *directories: str | os.PathLike[str]) -> None:
+        """Write nothing more into these directories, and remove this process's
+        counts page there (its record stays). Returns once no write into them
+        is under way, so that the caller may then remove them."""
+        with self._write_lock:
+            for directory in map(Path, directories):
+                if directory in self._directories:
+                    self._directories.remove(directory)
+                    self._last_written.pop(directory, None)
+                    self._drop_page(directory)
+
     def _map_page(self, directory: Path) -> None:
         """Add a counts page in ``directory``, holding every count made so far:
         a link to this process's first page where the file system allows."""

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 from vllm_graphsafe import counts
-from vllm_graphsafe.counts import page, read_stats_dir
+from vllm_graphsafe.counts import page, read_stats_dir, writer
 from vllm_graphsafe.fixes.phase_events import KEPT_OFF_DECODE, UNIFORM_DECODE
 
 PATCH = "v1-phase-dispatch"
@@ -179,3 +179,36 @@ def test_two_directories_on_one_file_system_share_one_page(tmp_path: Path) -> No
     count(KEPT_OFF_DECODE)
     assert not (metrics_dir / name).exists()
     assert page.read_counts_page(stats_dir / name) == {PATCH: {KEPT_OFF_DECODE: 3}}
+
+
+def test_directories_given_back_are_never_written_again(tmp_path: Path) -> None:
+    """A caller that gave its directories back (``stop_writing``) may remove
+    them at once: the writer thread, still running, writes nothing more there
+    and reports no error, while counting goes on."""
+    import shutil
+    import time
+
+    directories = [tmp_path / "metrics", tmp_path / "stats"]
+    for directory in directories:
+        directory.mkdir(mode=0o700)
+    errors: list[Path] = []
+    counters = counts.DispatchStats()
+    counters._install_exit_hooks = lambda: None  # type: ignore[method-assign]
+    counters.on_write_error = lambda directory, error: errors.append(directory)
+    count = counters.counter(PATCH)
+    counters.configure(*directories)
+    count(KEPT_OFF_DECODE)
+    counters.flush()
+    assert all((d / f"{os.getpid()}.json").exists() for d in directories)
+    counters.stop_writing(*directories)
+    for directory in directories:
+        shutil.rmtree(directory)
+    deadline = time.monotonic() + 4 * writer.WRITE_INTERVAL_S
+    while time.monotonic() < deadline:
+        count(KEPT_OFF_DECODE)
+        time.sleep(writer.WRITE_INTERVAL_S / 4)
+    counters.flush()
+    assert not any(directory.exists() for directory in directories)
+    assert errors == []
+    assert counters.counts[PATCH][KEPT_OFF_DECODE] > 2
+    assert counters.directories == []
