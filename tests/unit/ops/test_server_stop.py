@@ -17,7 +17,10 @@ from vllm_graphsafe.local_engine.launcher import LocalServer, live_group_members
 
 #: Stands in for vLLM's API server and its engine process: each notes the
 #: signals it gets; the main process, on SIGINT, stops its child (SIGTERM),
-#: waits for it, and exits, as vLLM's shutdown does.
+#: waits for it, and exits, as vLLM's shutdown does. Before it stops the child
+#: it waits up to 2 s for the child to note a SIGINT of its own: in this
+#: sandbox a signal to a process group reaches its members one after another,
+#: and the parent's SIGTERM once overtook it (CI, 2026-12-05).
 FAKE_SERVER = """
 import os, signal, subprocess, sys, time
 notes = sys.argv[1]
@@ -33,6 +36,11 @@ if len(sys.argv) > 2:
 child = subprocess.Popen([sys.executable, __file__, notes, "engine"])
 def stop(*_):
     note("server", "SIGINT")
+    # A signal to the whole group may reach the engine after this handler has
+    # run: the engine's SIGTERM must not overtake it.
+    deadline = time.monotonic() + 2
+    while "engine SIGINT" not in open(notes).read() and time.monotonic() < deadline:
+        time.sleep(0.01)
     child.terminate()
     child.wait()
     sys.exit(0)
