@@ -34,10 +34,7 @@ _LEXEME = re.compile(
 )
 #: A line whose indentation the outline cannot measure as the tokenizer does.
 _UNMEASURABLE = re.compile(r"^[ ]*[\t\f]", re.MULTILINE)
-_NOT_NEWLINE = re.compile(r"[^\n]")
 _BLOCK = 2048
-_OPENERS = "([{"
-_CLOSERS = ")]}"
 _SEPARATOR = r"(?:[ \t]|\\\n)+"
 _HEADER_NAME = re.compile(rf"(?:async{_SEPARATOR})?(def|class){_SEPARATOR}(\w+)")
 #: The first word of a compound statement's header (``@``: a decorator).
@@ -51,6 +48,19 @@ _CONTINUATION = {
     "except": "try:\n pass\n",
     "finally": "try:\n pass\n",
 }
+
+
+def _net_brackets(code: str, start: int, end: int) -> int:
+    """Brackets opened less brackets closed in ``code[start:end]``."""
+    count = code.count
+    return (
+        count("(", start, end)
+        + count("[", start, end)
+        + count("{", start, end)
+        - count(")", start, end)
+        - count("]", start, end)
+        - count("}", start, end)
+    )
 
 
 def _whole_words(text: str, word: str, start: int, stop: int) -> Iterator[int]:
@@ -153,7 +163,9 @@ class Outline:
                 if not lexeme.isascii() and "f" in text[start - 2 : start].lower():
                     self._formatted_not_ascii = True
             if "\n" in lexeme:
-                return _NOT_NEWLINE.sub(" ", lexeme)
+                # Line by line: a substitution per character is slow on long
+                # docstrings.
+                return "\n".join([" " * len(line) for line in lexeme.split("\n")])
             return " " * len(lexeme)
 
         code = _LEXEME.sub(blank, text)
@@ -166,9 +178,7 @@ class Outline:
         depth = 0
         code = self.code
         for start in range(0, len(code), _BLOCK):
-            end = start + _BLOCK
-            depth += sum(code.count(c, start, end) for c in _OPENERS)
-            depth -= sum(code.count(c, start, end) for c in _CLOSERS)
+            depth += _net_brackets(code, start, start + _BLOCK)
             depths.append(depth)
         return depths
 
@@ -176,11 +186,7 @@ class Outline:
         """Brackets open before ``offset`` (outside strings and comments)."""
         block = offset // _BLOCK
         start, code = block * _BLOCK, self.code
-        return (
-            self._block_depths[block]
-            + sum(code.count(c, start, offset) for c in _OPENERS)
-            - sum(code.count(c, start, offset) for c in _CLOSERS)
-        )
+        return self._block_depths[block] + _net_brackets(code, start, offset)
 
     def _in_string(self, offset: int) -> bool:
         index = bisect.bisect_left(self._string_starts, offset) - 1

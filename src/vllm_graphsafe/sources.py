@@ -43,6 +43,7 @@ class SourceReader:
         self._functions: dict[tuple[str, str], recognition.FunctionNode | None] = {}
         self._classes: dict[tuple[str, str], ast.ClassDef | None] = {}
         self._bindings: dict[tuple[str, str], ast.stmt | None] = {}
+        self._sites: dict[tuple[str, str], ast.stmt | DefinitionSite | None] = {}
         #: Yes/no answers about the code (``calls``, ``defines``), by question.
         self._answers: dict[str, bool] = {}
         self._recordings: list[Reading] = []
@@ -151,6 +152,11 @@ class SourceReader:
 
     def _defines(self, module: str, qualname: str) -> bool:
         if "." in qualname:
+            outline = self.outline(module)
+            if outline is not None and qualname.count(".") == 1:
+                # The def's header, found where the parse of its lines would
+                # find it (a method is not parsed just to say it exists).
+                return _definition_span(outline, qualname) is not None
             return self.function_node(module, qualname) is not None
         outline = self._searchable(module)
         if outline is not None:
@@ -340,7 +346,29 @@ class SourceReader:
             self._bindings[key] = found  # type: ignore[assignment]
         return self._bindings[key]
 
-    def _binding_in_pieces(self, outline: Outline, module: str, name: str) -> object:
+    def binding_site(self, module: str, name: str) -> ast.stmt | DefinitionSite | None:
+        """:meth:`top_level_binding`, except that a ``def`` or ``class`` found
+        by its header line is named (:class:`DefinitionSite`), not parsed: a
+        caller that only needs to know a class from a def, or compiles a def
+        from its text, is spared parsing a long body."""
+        key = (module, name)
+        if key in self._bindings:
+            return self._bindings[key]
+        if key not in self._sites:
+            found: object = _UNSURE
+            outline = self._searchable(module)
+            if outline is not None:
+                found = self._binding_in_pieces(
+                    outline, module, name, parse_definitions=False
+                )
+            if found is _UNSURE:
+                found = self.top_level_binding(module, name)
+            self._sites[key] = found  # type: ignore[assignment]
+        return self._sites[key]
+
+    def _binding_in_pieces(
+        self, outline: Outline, module: str, name: str, parse_definitions: bool = True
+    ) -> object:
         seen: set[int] = set()
         for offset in outline.occurrences(name):
             span = outline.top_level_statement(offset)
@@ -351,6 +379,8 @@ class SourceReader:
             if header is not None:
                 if header[1] != name:
                     continue  # a def or class binds only its own name
+                if not parse_definitions:
+                    return DefinitionSite(header[0], name)
                 span = outline.top_level_definition(header[0], name) or span
             elif self._decorator_line(outline, span.first):
                 continue
@@ -438,10 +468,26 @@ class SourceReader:
         """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
 
         def work() -> bool:
+            found = self._calls_in_definition(module, caller, callee)
+            if found is not None:
+                return found
             node = self.function_node(module, caller)
             return node is not None and recognition.calls_name(node, callee)
 
         return self._answer(module, question("calls", module, caller, callee), work)
+
+    def _calls_in_definition(
+        self, module: str, caller: str, callee: str
+    ) -> bool | None:
+        """From the logical lines of ``caller``'s def that name ``callee``
+        (a long method is not parsed whole for one call); None: unsure."""
+        outline = self._searchable(module)
+        if outline is None or caller.count(".") > 1:
+            return None
+        span = _definition_span(outline, caller)
+        if span is None:
+            return False
+        return self._calls_in_lines(outline, module, callee, span)
 
     def module_calls(self, module: str, callee: str) -> bool:
         """Whether any code of ``module`` calls ``callee`` by name."""
@@ -460,18 +506,52 @@ class SourceReader:
         outline = self._searchable(module)
         if outline is None:
             return None
-        seen: set[int] = set()
-        for offset in outline.occurrences(callee):
-            span = outline.statement_at(offset)
-            if span.first in seen:
-                continue
-            seen.add(span.first)
-            nodes = self._clause(outline, module, span)
+        return self._calls_in_lines(outline, module, callee, None)
+
+    def _calls_in_lines(
+        self, outline: Outline, module: str, callee: str, within: Span | None
+    ) -> bool | None:
+        """Whether a logical line in ``within`` (None: the module) that names
+        ``callee`` calls it; None where such a line does not parse alone."""
+        for nodes in self._each_line_naming(outline, module, callee, within):
             if nodes is None:
                 return None
             if any(recognition.calls_name(node, callee) for node in nodes):
                 return True
         return False
+
+    def lines_naming(
+        self, module: str, qualname: str, word: str
+    ) -> list[list[ast.stmt]] | None:
+        """The logical lines of the ``def`` of ``qualname`` (decorators
+        included) that name ``word``, each parsed alone, in the file's order;
+        empty where there is no such def. None where the outline cannot tell
+        or a line does not parse alone (the caller parses the def instead)."""
+        outline = self._searchable(module)
+        if outline is None or qualname.count(".") > 1:
+            return None
+        span = _definition_span(outline, qualname)
+        if span is None:
+            return []
+        lines: list[list[ast.stmt]] = []
+        for nodes in self._each_line_naming(outline, module, word, span):
+            if nodes is None:
+                return None
+            lines.append(nodes)
+        return lines
+
+    def _each_line_naming(
+        self, outline: Outline, module: str, word: str, within: Span | None
+    ) -> Iterator[list[ast.stmt] | None]:
+        """Each logical line in ``within`` (None: the module) that names
+        ``word``, parsed alone (None for one that does not parse alone)."""
+        seen: set[int] = set()
+        for offset in outline.occurrences(word, within):
+            span = outline.statement_at(offset)
+            if span.first in seen:
+                continue
+            seen.add(span.first)
+            yield self._clause(outline, module, span)
 
 
 #: A piece the outline could not place: the whole module is parsed instead.
@@ -486,6 +566,15 @@ def _definition_span(outline: Outline, qualname: str) -> Span | None:
         return outline.top_level_definition("def", leaf)
     owner = outline.top_level_definition("class", owner_name)
     return None if owner is None else outline.member_definition(owner, leaf)
+
+
+@dataclass(frozen=True)
+class DefinitionSite:
+    """A module-level ``def`` or ``class`` that binds a name, found by its
+    header line (see :meth:`SourceReader.binding_site`)."""
+
+    kind: str
+    name: str
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_graphsafe.behaviour.stand_in import StandIn
-from vllm_graphsafe.sources import DefinitionText, SourceReader
+from vllm_graphsafe.sources import DefinitionSite, DefinitionText, SourceReader
 
 #: Third-party packages imported for real (vLLM's code computes with them).
 REAL_PACKAGES = frozenset({"numpy", "torch"})
@@ -156,7 +156,7 @@ class TreeModule:
         try:
             return self._code.namespace(self._module)[name]
         except NameError:
-            if self._code.sources.top_level_binding(self._module, "__getattr__"):
+            if self._code.sources.binding_site(self._module, "__getattr__"):
                 # The module makes its attributes when asked (vllm.envs does).
                 return StandIn(f"{self._module}.{name}")
             raise AttributeError(
@@ -219,8 +219,8 @@ class SourceCode:
         if name == "__file__":
             identity = self.sources.identity(module)
             return identity[0] if identity else StandIn("__file__")
-        statement = self.sources.top_level_binding(module, name)
-        if statement is None:
+        site = self.sources.binding_site(module, name)
+        if site is None:
             if hasattr(builtins, name):
                 return getattr(builtins, name)
             if self.in_tree(module) and self.sources.exists(f"{module}.{name}"):
@@ -230,7 +230,19 @@ class SourceCode:
             # What vLLM would raise running this code.
             raise NameError(f"name {name!r} is not defined in {module}")
         try:
-            return self._bound_by(module, name, statement)
+            if isinstance(site, DefinitionSite):
+                written = (
+                    self.sources.definition_text(module, name)
+                    if site.kind == "def"
+                    else None
+                )
+                if written is not None:
+                    return self._compile_text(module, written, None, name)
+                statement = self.sources.top_level_binding(module, name)
+                if statement is None:  # the outline and the parse disagree
+                    return StandIn(f"{module}.{name}")
+                return self._bound_by(module, name, statement)
+            return self._bound_by(module, name, site)
         except CompileError:
             return StandIn(f"{module}.{name}")
 
@@ -263,7 +275,7 @@ class SourceCode:
             if (alias.asname or alias.name) != name:
                 continue
             if self.in_tree(source):
-                if self.sources.top_level_binding(source, alias.name) is not None:
+                if self.sources.binding_site(source, alias.name) is not None:
                     return self.namespace(source)[alias.name]
                 if self.sources.exists(f"{source}.{alias.name}"):
                     return TreeModule(self, f"{source}.{alias.name}")
@@ -456,7 +468,7 @@ class SourceCode:
         if isinstance(reference, ast.Attribute) and isinstance(
             reference.value, ast.Name
         ):
-            target = self.sources.top_level_binding(module, reference.value.id)
+            target = self.sources.binding_site(module, reference.value.id)
             if isinstance(target, ast.Import):
                 for alias in target.names:
                     if (alias.asname or alias.name) == reference.value.id:
@@ -468,8 +480,10 @@ class SourceCode:
     ) -> tuple[str, str] | None:
         if depth > 8 or not self.in_tree(module):
             return None
-        statement = self.sources.top_level_binding(module, name)
-        if isinstance(statement, ast.ClassDef):
+        statement = self.sources.binding_site(module, name)
+        if isinstance(statement, ast.ClassDef) or (
+            isinstance(statement, DefinitionSite) and statement.kind == "class"
+        ):
             return module, name
         if isinstance(statement, ast.ImportFrom):
             source = _absolute(module, statement, self._is_package(module))

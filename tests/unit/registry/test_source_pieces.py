@@ -17,7 +17,7 @@ import pytest
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.outline import Outline, OutlineError
-from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.sources import DefinitionSite, SourceReader
 
 MODULE = "stand_in.sample"
 
@@ -170,6 +170,13 @@ def assert_same_as_the_whole_parse(reader: SourceReader, text: str) -> None:
             assert reader.function(MODULE, qualname) == "".join(
                 text.splitlines(keepends=True)[whole.lineno - 1 : whole.end_lineno]
             )
+    for qualname in qualnames_in(tree):
+        whole = recognition.find_function(tree, qualname)
+        if "." in qualname:
+            assert reader.defines(MODULE, qualname) == (whole is not None), qualname
+        for name in names_in(tree):
+            expected = whole is not None and recognition.calls_name(whole, name)
+            assert reader.calls(MODULE, qualname, name) == expected, (qualname, name)
     classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)] + ["Absent"]
     for name in names_in(tree):
         assert reader.module_calls(MODULE, name) == recognition.calls_name(
@@ -337,3 +344,51 @@ def test_mentions_does_not_answer_where_a_search_could_miss(
 ) -> None:
     reader = reader_for(tmp_path, text)
     assert reader.mentions(MODULE, "caller", "compute") is None
+
+
+def test_binding_sites_are_the_whole_parses_bindings(tmp_path: Path) -> None:
+    """A def or class is named by its kind; any other binding is the statement
+    the whole parse finds (the reader may parse the module whole for those)."""
+    reader = reader_for(tmp_path, TRICKY)
+    tree = ast.parse(TRICKY)
+    for name in names_in(tree):
+        binding = recognition.binding_statement(tree.body, name)
+        site = reader.binding_site(MODULE, name)
+        if isinstance(site, DefinitionSite):
+            kinds = {
+                "def": ast.FunctionDef | ast.AsyncFunctionDef,
+                "class": ast.ClassDef,
+            }
+            assert isinstance(binding, kinds[site.kind]), name
+            assert binding.name == name
+        else:
+            assert (site is None) == (binding is None), name
+            if site is not None and binding is not None:
+                assert ast.dump(site) == ast.dump(binding), name
+
+
+def test_a_long_class_is_named_by_its_header_not_parsed(tmp_path: Path) -> None:
+    methods = "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(300))
+    reader = reader_for(
+        tmp_path, f"class Long(Base):\n{methods}\n\ndef after():\n    pass\n"
+    )
+    assert reader.binding_site(MODULE, "Long") == DefinitionSite("class", "Long")
+    assert reader.binding_site(MODULE, "after") == DefinitionSite("def", "after")
+    assert reader.calls(MODULE, "Long.m7", "absent") is False
+    assert reader.defines(MODULE, "Long.m299")
+    assert not reader.defines(MODULE, "Long.m300")
+    assert reader.pieces_parsed.get(MODULE, 0) == 0  # nothing parsed to answer
+
+
+def test_lines_naming_a_word_are_parsed_alone_in_the_files_order(
+    tmp_path: Path,
+) -> None:
+    reader = reader_for(tmp_path, TRICKY)
+    lines = reader.lines_naming(MODULE, "Runner.__init__", "built")
+    assert lines is not None
+    assert [ast.unparse(line[0]).split("\n")[0] for line in lines] == [
+        "self.built = make()",
+        "if self.built:",
+    ]
+    assert reader.lines_naming(MODULE, "Runner.absent", "built") == []
+    assert "Runner" not in reader._classes  # the class was never parsed whole

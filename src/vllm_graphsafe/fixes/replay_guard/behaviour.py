@@ -168,7 +168,8 @@ class Target:
 
 def judge_source(sources: SourceReader) -> Evidence:
     """The cases on the tree's ``CUDAGraphWrapper.__call__``; where the tree has
-    Model Runner V2, its replay sites read as well."""
+    Model Runner V2 and the wrapper passes every case, its replay sites read
+    as well."""
     code = shared_code(sources)
     if not sources.has_class(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS):
         raise CannotRun(f"{CUDA_GRAPH} defines no {CUDA_GRAPH_WRAPPER_CLASS}")
@@ -182,12 +183,18 @@ def judge_source(sources: SourceReader) -> Evidence:
         code.name_or_none(CUDA_GRAPH, "BatchDescriptor"),
     )
     evidence = judge_cases(cases(), target.run)
-    if not sources.exists(MRV2_RUNNER) or evidence.how != BEHAVIOUR:
+    if (
+        not sources.exists(MRV2_RUNNER)
+        or evidence.how != BEHAVIOUR
+        or evidence.failed is not None
+        or evidence.could_not_run is not None
+    ):
+        # Where the wrapper already fails a case (or could not run one), what
+        # Model Runner V2's sites say cannot make the tree native.
         return evidence
     from vllm_graphsafe.fixes.replay_guard import mrv2
 
-    guarded = mrv2.native_reason(sources)
-    if evidence.failed is None and evidence.could_not_run is None and not guarded:
+    if not mrv2.native_reason(sources):
         return dataclasses.replace(
             evidence,
             failed="Model Runner V2 replays its decode graphs unguarded (read: its "

@@ -5,6 +5,7 @@ the builders' column looks on a step after a drafting one)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.sources import SourceReader
@@ -12,6 +13,8 @@ from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 RUNNER_MODULE = V1_RUNNER
 _PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
+#: The local that decides whether the step counts drafts.
+_DECISION = "use_spec_decode"
 
 
 def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
@@ -22,6 +25,16 @@ def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
     check it adds is exact either way)."""
 
     def work() -> bool:
+        lines = sources.lines_naming(RUNNER_MODULE, _PREPARE_INPUTS, _DECISION)
+        if lines is not None:
+            assignments = [
+                assignment
+                for line in lines
+                for node in line
+                for assignment in _decisions(node)
+            ]
+            if len(assignments) <= 1:  # else: the first in the def's own order
+                return not assignments or _counts_from_scheduled(assignments[0])
         prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
         return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
 
@@ -33,11 +46,22 @@ def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
 def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
     """Whether this ``_prepare_inputs`` decides to count drafts from the step's
     scheduled drafts; True where it says neither."""
-    for node in ast.walk(prepare_inputs):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(target, ast.Name) and target.id == "use_spec_decode"
-            for target in node.targets
-        ):
-            used = recognition.referenced_names(node.value)
-            return "scheduled_spec_decode_tokens" in used
+    for assignment in _decisions(prepare_inputs):
+        return _counts_from_scheduled(assignment)
     return True
+
+
+def _decisions(node: ast.AST) -> Iterator[ast.Assign]:
+    """The assignments to ``use_spec_decode`` in ``node``, in ``ast.walk``'s order."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == _DECISION
+            for target in child.targets
+        ):
+            yield child
+
+
+def _counts_from_scheduled(decision: ast.Assign) -> bool:
+    return "scheduled_spec_decode_tokens" in recognition.referenced_names(
+        decision.value
+    )
