@@ -391,4 +391,4 @@ def test_lines_naming_a_word_are_parsed_alone_in_the_files_order(
         "if self.built:",
     ]
     assert reader.lines_naming(MODULE, "Runner.absent", "built") == []
-    assert "Runner" not in reader._classes  # the class was never parsed whole
+    assert (MODULE, "Runner") not in reader._classes  # never parsed whole
