@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.outline import Outline, OutlineError, Span
+from vllm_graphsafe.source_files import read_source, read_tree_source
 
 
 class SourceReader:
@@ -61,9 +59,9 @@ class SourceReader:
             recording.modules.add(module)
         if module not in self._texts:
             found = (
-                _read_source(module)
+                read_source(module)
                 if self.root is None
-                else _read_tree_source(self.root, module)
+                else read_tree_source(self.root, module)
             )
             self._texts[module] = None if found is None else found[0]
             self._identities[module] = None if found is None else found[1]
@@ -229,12 +227,10 @@ class SourceReader:
         """The lines of the ``def`` of ``qualname`` as the file has them, and
         its decorators' source, found by the outline without parsing; None
         where there is no such def or the outline cannot place it."""
-        outline = self._searchable(module)
-        if outline is None or qualname.count(".") > 1:
+        found = self._definition_lines(module, qualname)
+        if found is None or found[1] is None:
             return None
-        span = _definition_span(outline, qualname)
-        if span is None:
-            return None
+        outline, span = found[0], found[1]
         header = max(span.header, span.first)
         decorators: list[str] = []
         for line in range(span.first, header):
@@ -256,11 +252,20 @@ class SourceReader:
         False: no code of the def names ``word``, so a question about its uses
         is answered without parsing the def. None where there is no such def or
         the outline cannot tell (the caller parses the def instead)."""
+        found = self._definition_lines(module, qualname)
+        if found is None or found[1] is None:
+            return None
+        return found[0].names(found[1], word)
+
+    def _definition_lines(
+        self, module: str, qualname: str
+    ) -> tuple[Outline, Span | None] | None:
+        """The searchable outline and the lines of the ``def`` of ``qualname``
+        in it (None: no such def); None where the outline cannot tell."""
         outline = self._searchable(module)
         if outline is None or qualname.count(".") > 1:
             return None
-        span = _definition_span(outline, qualname)
-        return None if span is None else outline.names(span, word)
+        return outline, _definition_span(outline, qualname)
 
     def function(self, module: str, qualname: str) -> str | None:
         """Source text of the ``def`` of ``qualname``, decorators excluded."""
@@ -468,26 +473,17 @@ class SourceReader:
         """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
 
         def work() -> bool:
-            found = self._calls_in_definition(module, caller, callee)
-            if found is not None:
-                return found
+            lines = self.lines_naming(module, caller, callee)
+            if lines is not None:
+                return any(
+                    recognition.calls_name(node, callee)
+                    for line in lines
+                    for node in line
+                )
             node = self.function_node(module, caller)
             return node is not None and recognition.calls_name(node, callee)
 
         return self._answer(module, question("calls", module, caller, callee), work)
-
-    def _calls_in_definition(
-        self, module: str, caller: str, callee: str
-    ) -> bool | None:
-        """From the logical lines of ``caller``'s def that name ``callee``
-        (a long method is not parsed whole for one call); None: unsure."""
-        outline = self._searchable(module)
-        if outline is None or caller.count(".") > 1:
-            return None
-        span = _definition_span(outline, caller)
-        if span is None:
-            return False
-        return self._calls_in_lines(outline, module, callee, span)
 
     def module_calls(self, module: str, callee: str) -> bool:
         """Whether any code of ``module`` calls ``callee`` by name."""
@@ -506,14 +502,7 @@ class SourceReader:
         outline = self._searchable(module)
         if outline is None:
             return None
-        return self._calls_in_lines(outline, module, callee, None)
-
-    def _calls_in_lines(
-        self, outline: Outline, module: str, callee: str, within: Span | None
-    ) -> bool | None:
-        """Whether a logical line in ``within`` (None: the module) that names
-        ``callee`` calls it; None where such a line does not parse alone."""
-        for nodes in self._each_line_naming(outline, module, callee, within):
+        for nodes in self._each_line_naming(outline, module, callee, None):
             if nodes is None:
                 return None
             if any(recognition.calls_name(node, callee) for node in nodes):
@@ -527,10 +516,10 @@ class SourceReader:
         included) that name ``word``, each parsed alone, in the file's order;
         empty where there is no such def. None where the outline cannot tell
         or a line does not parse alone (the caller parses the def instead)."""
-        outline = self._searchable(module)
-        if outline is None or qualname.count(".") > 1:
+        found = self._definition_lines(module, qualname)
+        if found is None:
             return None
-        span = _definition_span(outline, qualname)
+        outline, span = found
         if span is None:
             return []
         lines: list[list[ast.stmt]] = []
@@ -605,72 +594,3 @@ def question(kind: str, module: str, *names: str) -> str:
 
 def question_module(key: str) -> str:
     return key.split("|")[1]
-
-
-#: A module's source text and its identity: (file path, SHA-256 of its bytes).
-_Source = tuple[str, tuple[str, str]]
-
-
-def _decoded(path: str) -> _Source | None:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text, (path, hashlib.sha256(data).hexdigest())
-
-
-def _read_tree_source(root: Path, module: str) -> _Source | None:
-    base = root.joinpath(*module.split("."))
-    for file in (base.with_suffix(".py"), base / "__init__.py"):
-        found = _decoded(str(file))
-        if found is not None:
-            return found
-    return None
-
-
-def _module_file(module: str) -> str | None:
-    """The file of ``module``, found without importing its parent packages.
-
-    ``importlib.util.find_spec`` imports every parent package of a dotted
-    name: in a process that has only ``vllm`` itself that runs package
-    ``__init__`` files which take seconds (``vllm.v1.worker.gpu.spec_decode``
-    imports ``vllm.config``). The package directories are searched first.
-    """
-    loaded = sys.modules.get(module)
-    path = getattr(loaded, "__file__", None)
-    if path is not None:
-        return str(path)
-    top, _, rest = module.partition(".")
-    try:
-        top_spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if top_spec is None:
-        return None
-    if not rest:
-        return top_spec.origin
-    searched = False
-    for base in top_spec.submodule_search_locations or ():
-        candidate = Path(base, *rest.split("."))
-        for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
-            if file.is_file():
-                return str(file)
-        searched = searched or Path(base, "__init__.py").is_file()
-    if searched:
-        # A plain package directory without the file: the module is absent
-        # (asking the import system would import its parent packages).
-        return None
-    try:  # an unusual layout (import hooks, zip files): ask the import system
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec is not None else None
-
-
-def _read_source(module: str) -> _Source | None:
-    path = _module_file(module)
-    if path is None or not path.endswith(".py"):
-        return None
-    return _decoded(path)

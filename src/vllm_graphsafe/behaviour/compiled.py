@@ -231,20 +231,21 @@ class SourceCode:
             raise NameError(f"name {name!r} is not defined in {module}")
         try:
             if isinstance(site, DefinitionSite):
-                written = (
-                    self.sources.definition_text(module, name)
-                    if site.kind == "def"
-                    else None
-                )
-                if written is not None:
-                    return self._compile_text(module, written, None, name)
-                statement = self.sources.top_level_binding(module, name)
-                if statement is None:  # the outline and the parse disagree
-                    return StandIn(f"{module}.{name}")
-                return self._bound_by(module, name, statement)
+                return self._defined(module, name, site)
             return self._bound_by(module, name, site)
         except CompileError:
             return StandIn(f"{module}.{name}")
+
+    def _defined(self, module: str, name: str, site: DefinitionSite) -> Any:
+        """A module-level def compiled from its text; a class from its parse."""
+        if site.kind == "def":
+            written = self.sources.definition_text(module, name)
+            if written is not None:
+                return self._compile_text(module, written, None, name)
+        statement = self.sources.top_level_binding(module, name)
+        if statement is None:  # the outline and the parse disagree
+            return StandIn(f"{module}.{name}")
+        return self._bound_by(module, name, statement)
 
     def _bound_by(self, module: str, name: str, statement: ast.stmt) -> Any:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
