@@ -24,14 +24,21 @@ from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
 
-#: A comment or a string literal (triple-quoted first), the leftmost first.
-_LEXEME = re.compile(
-    r"#[^\n]*"
-    r'|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
-    r"|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
-    r'|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"'
-    r"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"
-)
+#: What starts at each of ``#``, ``"`` and ``'``: a comment, or a string literal
+#: (triple-quoted first). The lexemes are found by ``str.find`` of these three
+#: characters and matched where one is found: a single pattern alternating all
+#: three tests every offset of the text, about three times slower.
+_LEXEME_AT = {
+    "#": re.compile(r"#[^\n]*"),
+    '"': re.compile(
+        r'"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
+        r'|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"'
+    ),
+    "'": re.compile(
+        r"'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
+        r"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"
+    ),
+}
 #: A line whose indentation the outline cannot measure as the tokenizer does.
 _UNMEASURABLE = re.compile(r"^[ ]*[\t\f]", re.MULTILINE)
 _BLOCK = 2048
@@ -48,6 +55,38 @@ _CONTINUATION = {
     "except": "try:\n pass\n",
     "finally": "try:\n pass\n",
 }
+
+
+def _lexemes(text: str) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each comment and string literal of ``text``, in
+    order. A quote that starts no literal (an unterminated string) is skipped
+    and stays in the text."""
+    find, nowhere = text.find, len(text)
+    comment, double, single = (_LEXEME_AT[char].match for char in "#\"'")
+
+    def after(char: str, offset: int) -> int:
+        found = find(char, offset)
+        return nowhere if found < 0 else found
+
+    at_hash, at_double, at_single = after("#", 0), after('"', 0), after("'", 0)
+    while True:
+        if at_hash < at_double and at_hash < at_single:
+            start, found = at_hash, comment(text, at_hash)
+        elif at_double < at_single:
+            start, found = at_double, double(text, at_double)
+        elif at_single < nowhere:
+            start, found = at_single, single(text, at_single)
+        else:
+            return
+        end = start + 1 if found is None else found.end()
+        if found is not None:
+            yield start, end
+        if at_hash < end:
+            at_hash = after("#", end)
+        if at_double < end:
+            at_double = after('"', end)
+        if at_single < end:
+            at_single = after("'", end)
 
 
 def _net_brackets(code: str, start: int, end: int) -> int:
@@ -152,23 +191,25 @@ class Outline:
 
     def _blank_strings_and_comments(self, text: str) -> str:
         """``text`` with each string literal and comment blanked (newlines kept)."""
-        string_starts, string_ends = self._string_starts, self._string_ends
-
-        def blank(found: re.Match[str]) -> str:
-            lexeme = found.group()
+        pieces: list[str] = []
+        done = 0
+        for start, end in _lexemes(text):
+            pieces.append(text[done:start])
+            lexeme = text[start:end]
             if lexeme[0] != "#":
-                start = found.start()
-                string_starts.append(start)
-                string_ends.append(found.end())
+                self._string_starts.append(start)
+                self._string_ends.append(end)
                 if not lexeme.isascii() and "f" in text[start - 2 : start].lower():
                     self._formatted_not_ascii = True
             if "\n" in lexeme:
-                # Line by line: a substitution per character is slow on long
-                # docstrings.
-                return "\n".join([" " * len(line) for line in lexeme.split("\n")])
-            return " " * len(lexeme)
-
-        code = _LEXEME.sub(blank, text)
+                pieces.append(
+                    "\n".join([" " * len(line) for line in lexeme.split("\n")])
+                )
+            else:
+                pieces.append(" " * len(lexeme))
+            done = end
+        pieces.append(text[done:])
+        code = "".join(pieces)
         if "'" in code or '"' in code:
             raise OutlineError("an unterminated string literal")
         return code

@@ -59,6 +59,7 @@ RULE_FILES = (
     "registry.py",
     "shipped_verdicts.py",
     "sources.py",
+    "source_files.py",
     "verdicts.py",
     "vllm_layout.py",
 )

@@ -11,6 +11,8 @@ outline must refuse, that it parsed the module whole).
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -271,6 +273,46 @@ def test_text_the_outline_cannot_place_is_parsed_whole(
     reader = reader_for(tmp_path, text)
     reader.function_node(MODULE, "Runner.prop")
     assert list(reader._trees) == [MODULE], "the whole module was not parsed"
+
+
+QUOTES = """\
+# don't stop at this quote
+x = "it's"  # a comment after a string, with "quotes"
+y = 'a "b" # not a comment'
+z = \'\'\'three
+# not a comment, "nor a string"
+'quoted' \\' still in\'\'\'
+w = "escaped \\" quote" + 'and \\' this'
+v = f"{x!r} #{y}" + rb'raw\\\\' + \"\"\"\"\"\"
+"""
+
+
+@pytest.mark.parametrize("text", [TRICKY, QUOTES], ids=["tricky", "quotes"])
+def test_strings_and_comments_are_where_the_tokenizer_finds_them(text: str) -> None:
+    """Every string literal and comment is blanked (a string's prefix, such
+    as ``f`` or ``rb``, stays: it is not inside the quotes), and only they
+    are: the blanked text keeps exactly the tokenizer's other tokens."""
+    outline = Outline(text)
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    lexemes = [t for t in tokens if t.type in (tokenize.STRING, tokenize.COMMENT)]
+    assert lexemes, "the text holds no string or comment"
+    kept: list[str] = []
+    for token in tokens:
+        prefix = _string_prefix(token) if token.type == tokenize.STRING else ""
+        if token.type in (tokenize.STRING, tokenize.COMMENT):
+            start = outline.line_start(token.start[0] - 1) + token.start[1]
+            end = outline.line_start(token.end[0] - 1) + token.end[1]
+            assert outline.code[start + len(prefix) : end].strip("\n ") == ""
+            kept += [prefix] if prefix else []
+        elif token.string.strip():
+            kept.append(token.string)
+    blanked = tokenize.generate_tokens(io.StringIO(outline.code).readline)
+    assert [t.string for t in blanked if t.string.strip()] == kept
+
+
+def _string_prefix(token: tokenize.TokenInfo) -> str:
+    quoted = token.string.lstrip("bBrRuUfF")
+    return token.string[: len(token.string) - len(quoted)]
 
 
 def test_identifiers_spelled_beyond_ascii_are_found_by_the_whole_parse(
