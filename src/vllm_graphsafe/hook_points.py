@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import wrapt
 
@@ -125,8 +125,7 @@ class ReplaceHook(_Located):
 HookPoint = WrapHook | ReplaceHook
 
 
-@dataclass(frozen=True)
-class SetsAttribute:
+class SetsAttribute(NamedTuple):
     """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
 
     module: str
@@ -145,8 +144,7 @@ class SetsAttribute:
         return None
 
 
-@dataclass(frozen=True)
-class TakesParameters:
+class TakesParameters(NamedTuple):
     """A hook reads these parameters of ``qualname`` in ``module``."""
 
     module: str

@@ -20,7 +20,7 @@ import itertools
 import re
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vllm_graphsafe import recognition
 
@@ -148,8 +148,7 @@ class OutlineError(ValueError):
     """The text is outside what the outline places exactly: parse it whole."""
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Lines ``[first, end)`` (0-based) of one statement or a run of them."""
 
     first: int

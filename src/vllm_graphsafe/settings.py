@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vllm_graphsafe.vllm_layout import RAY_EXTRA_ENV_PREFIXES
 
@@ -40,8 +40,7 @@ _TRUE = frozenset(TRUE_VALUES)
 _FALSE = frozenset({"", *FALSE_VALUES})
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     disabled_ids: frozenset[str]
     disable_all: bool
     strict: bool

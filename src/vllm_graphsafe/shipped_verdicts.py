@@ -18,9 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import vllm_graphsafe
 from vllm_graphsafe.sources import SourceReader
@@ -53,8 +52,7 @@ def rules_digest() -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class ShippedVerdict:
+class ShippedVerdict(NamedTuple):
     release: str
     patch: str
     #: ``module -> SHA-256 of its file``, or None where it had no source.

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.outline import Outline, OutlineError, Span
@@ -557,8 +558,7 @@ def _definition_span(outline: Outline, qualname: str) -> Span | None:
     return None if owner is None else outline.member_definition(owner, leaf)
 
 
-@dataclass(frozen=True)
-class DefinitionSite:
+class DefinitionSite(NamedTuple):
     """A module-level ``def`` or ``class`` that binds a name, found by its
     header line (see :meth:`SourceReader.binding_site`)."""
 
@@ -566,8 +566,7 @@ class DefinitionSite:
     name: str
 
 
-@dataclass(frozen=True)
-class DefinitionText:
+class DefinitionText(NamedTuple):
     """A ``def`` as its file spells it (see :meth:`SourceReader.definition_text`)."""
 
     #: From the ``def`` line to the end of its body, indentation kept.

@@ -33,9 +33,8 @@ import json
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeGuard
+from typing import Any, Literal, NamedTuple, Protocol, TypeGuard
 
 import vllm_graphsafe
 from vllm_graphsafe.behaviour.judgement import Evidence
@@ -66,8 +65,7 @@ RULE_FILES = (
 RULE_DIRS = ("fixes", "behaviour")
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """What vLLM's source decides about one patch, whatever the settings."""
 
     anchor_exists: bool
@@ -250,8 +248,7 @@ class VerdictCache:
             os.close(fd)
 
 
-@dataclass(frozen=True)
-class Stored:
+class Stored(NamedTuple):
     verdict: Verdict
     #: ``module -> [path, sha256]`` or None, as judged.
     files: dict[str, Any]

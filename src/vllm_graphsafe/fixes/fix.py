@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
 if TYPE_CHECKING:
     from vllm_graphsafe.backport.plan import Plan
@@ -30,8 +29,7 @@ class CatalogueFacts(TypedDict):
     delete_when: str
 
 
-@dataclass(frozen=True)
-class ExtraControl:
+class ExtraControl(NamedTuple):
     """A negative control beyond the plugin switched off: one piece of the fix
     removed (``attribute`` of ``module`` replaced by ``replacement``) under a
     pytest option, and the tests that must catch it."""
@@ -49,8 +47,7 @@ class ExtraControl:
     caught: str
 
 
-@dataclass(frozen=True)
-class Fix:
+class Fix(NamedTuple):
     """One fix of this package; its folder is :attr:`package`.
 
     The folder holds ``hooks.py`` (``make_patch()``: the plugin's runtime form)

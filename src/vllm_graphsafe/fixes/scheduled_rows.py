@@ -20,14 +20,13 @@ as a prefill, which is what :func:`decode_draft_count` gives such rows.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sized
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The builders' count for a row that is not a speculative decode.
 NOT_A_DECODE = -1
 
 
-@dataclass(frozen=True)
-class DraftCounting:
+class DraftCounting(NamedTuple):
     """How a release's ``_prepare_inputs`` counts each row's decode drafts.
 
     ``past_prompt``: a row with drafts counts them where it had computed its

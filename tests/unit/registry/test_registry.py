@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -434,7 +433,7 @@ class ReadingPatch(InlinePatch):
 def test_something_a_hook_reads_is_missing_in_source(
     target: str, requirement: Any, missing: str
 ) -> None:
-    requirement = dataclasses.replace(requirement, module=target)
+    requirement = requirement._replace(module=target)
     patch = ReadingPatch(target, requirement)
     apply(patch)
     assert patch.state is PatchState.FAILED

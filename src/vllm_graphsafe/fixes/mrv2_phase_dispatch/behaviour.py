@@ -17,7 +17,6 @@ it; under data parallelism that is what this rank offers the other ranks.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -496,8 +495,7 @@ def judge_live(
     evidence = Target(make, speculators, declared).judge()
     if not speculators:
         return evidence
-    return dataclasses.replace(
-        evidence,
+    return evidence._replace(
         note="the draft prefill's compiled from the installed source (its "
         "kernels need a GPU)",
     )

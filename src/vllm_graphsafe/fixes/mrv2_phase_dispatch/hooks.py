@@ -26,8 +26,7 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,8 +76,7 @@ _NATIVE_MARKERS = (
 )
 
 
-@dataclass(frozen=True)
-class DraftPrefillDispatcher:
+class DraftPrefillDispatcher(NamedTuple):
     """A speculator whose ``propose`` classifies the draft prefill by shape."""
 
     module: str

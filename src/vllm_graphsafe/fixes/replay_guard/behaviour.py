@@ -16,7 +16,6 @@ replay sites cannot be run on fakes: where it exists, those sites are read
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -195,12 +194,10 @@ def judge_source(sources: SourceReader) -> Evidence:
     from vllm_graphsafe.fixes.replay_guard import mrv2
 
     if not mrv2.native_reason(sources):
-        return dataclasses.replace(
-            evidence,
+        return evidence._replace(
             failed="Model Runner V2 replays its decode graphs unguarded (read: its "
             "replay sites hand no step holding a prefill to its eager path)",
         )
-    return dataclasses.replace(
-        evidence,
+    return evidence._replace(
         note="Model Runner V2's replay sites read, as they cannot run on fakes",
     )

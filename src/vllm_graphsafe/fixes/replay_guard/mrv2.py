@@ -24,8 +24,7 @@ import functools
 import inspect
 import sys
 import types
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.replay_guard import (
@@ -175,8 +174,7 @@ def warn(reader: GroupPrefills, desc: Any, metadata: Any, site: Site) -> None:
     )
 
 
-@dataclass(frozen=True)
-class ReplaysInBranch:
+class ReplaysInBranch(NamedTuple):
     """``execute_model`` names its replay, the graph mode it tests and the
     step's ``attn_metadata`` (checked without parsing it; the guard reads the
     branch itself from the running code, and fails visibly where it cannot)."""

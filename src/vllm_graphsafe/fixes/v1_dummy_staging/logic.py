@@ -12,13 +12,12 @@ raised to the query length, so no computed length or position is negative.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class StagedDummyBatch:
+class StagedDummyBatch(NamedTuple):
     seq_lens: np.ndarray
     num_computed: np.ndarray
     num_scheduled: np.ndarray
