@@ -457,13 +457,8 @@ class SourceReader:
                 return None
             if any(recognition.class_statement_binds(s, attribute) for s in statements):
                 return True
-        seen: set[int] = set()
-        for offset in outline.self_attribute_targets(attribute, span):
-            line_span = outline.statement_at(offset)
-            if line_span.first in seen:
-                continue
-            seen.add(line_span.first)
-            nodes = self._clause(outline, module, line_span)
+        targets = outline.self_attribute_targets(attribute, span)
+        for nodes in self._each_line_at(outline, module, targets):
             if nodes is None:
                 return None
             if any(recognition.assigns_self_attribute(n, attribute) for n in nodes):
@@ -535,8 +530,15 @@ class SourceReader:
     ) -> Iterator[list[ast.stmt] | None]:
         """Each logical line in ``within`` (None: the module) that names
         ``word``, parsed alone (None for one that does not parse alone)."""
+        return self._each_line_at(outline, module, outline.occurrences(word, within))
+
+    def _each_line_at(
+        self, outline: Outline, module: str, offsets: Iterator[int]
+    ) -> Iterator[list[ast.stmt] | None]:
+        """Each logical line holding one of ``offsets``, once, parsed alone
+        (None for one that does not parse alone)."""
         seen: set[int] = set()
-        for offset in outline.occurrences(word, within):
+        for offset in offsets:
             span = outline.statement_at(offset)
             if span.first in seen:
                 continue
