@@ -53,12 +53,17 @@ import vllm
 assert vllm.__version__ == sys.argv[2], vllm.__version__
 assert importlib.metadata.version(sys.argv[1]) == sys.argv[2]
 PY
-    local unmet
+    local unmet skipped="torchaudio|torchcodec|torchvision"
+    [[ -s "$DEST/$SKIPPED" ]] && skipped+="|$(paste -sd '|' "$DEST/$SKIPPED")"
     unmet=$("$DEST/bin/python" -m pip check 2>/dev/null \
-        | grep -v -E " requires (torchaudio|torchcodec|torchvision), which is not installed" \
+        | grep -v -i -E " requires ($skipped), which is not installed" \
         || true)
     [[ -z "$unmet" ]]
 }
+
+# The release's requirements the index does not serve, one per line (the
+# install went on without them; `pip check` is told).
+SKIPPED=graphsafe-skipped-requirements
 
 # `pip install ARGS...`; on failure one sentence (what could not be installed,
 # from where, why) and status 1, pip's output kept in $PIP_LOG.
@@ -68,6 +73,38 @@ pip_install() {
     if (( status != 0 )); then
         "$DEST/bin/python" "$ROOT/scripts/pip_failure.py" "$PIP_LOG" "$@" >&2 || true
         return 1
+    fi
+    rm -f "$PIP_LOG"
+}
+
+# The release with its requirements. A requirement pinned to a version the
+# index does not serve (vllm 0.34.0 pins flashinfer-python==0.7.3) is left out,
+# with one sentence: the release's other requirements are installed, then the
+# release without its dependencies. Nothing this project runs on a CPU uses
+# such a GPU kernel package; anything else pip cannot install is an error.
+install_release() {
+    local asked=("${PACKAGES[@]}") skipped=() missing name wheel=""
+    local wheel_dir="$DEST/.release-wheel"
+    until "$DEST/bin/pip" install --progress-bar off --no-cache-dir "${asked[@]}" >"$PIP_LOG" 2>&1; do
+        missing=$(sed -n 's/^ERROR: No matching distribution found for //p' "$PIP_LOG" | head -n 1)
+        name=${missing%%[=<>!~ ;\[]*}
+        if [[ $DIST != vllm || -z $missing || $name == "$DIST" || ${#skipped[@]} -ge 3 ]]; then
+            "$DEST/bin/python" "$ROOT/scripts/pip_failure.py" "$PIP_LOG" "${asked[@]}" >&2 || true
+            return 1
+        fi
+        log "$DIST $VERSION requires $missing, which the index does not serve: installing its other requirements, then $DIST without its dependencies"
+        skipped+=("$name")
+        if [[ -z $wheel ]]; then
+            "$DEST/bin/pip" download --progress-bar off --no-deps -d "$wheel_dir" "$DIST==$VERSION" >"$PIP_LOG" 2>&1 \
+                || { "$DEST/bin/python" "$ROOT/scripts/pip_failure.py" "$PIP_LOG" "$DIST==$VERSION" >&2; return 1; }
+            wheel=$(ls "$wheel_dir"/*.whl)
+        fi
+        mapfile -t asked < <("$DEST/bin/python" "$ROOT/scripts/wheel_requirements.py" "$wheel" "${skipped[@]}")
+    done
+    if [[ -n $wheel ]]; then
+        pip_install --no-cache-dir --no-deps "$wheel" || return 1
+        printf '%s\n' "${skipped[@]}" > "$DEST/$SKIPPED"
+        rm -rf "$wheel_dir"
     fi
     rm -f "$PIP_LOG"
 }
@@ -89,7 +126,7 @@ else
     trap 'rm -rf "$DEST"' EXIT
     "$PYTHON" -m venv "$DEST"
     log "installing ${PACKAGES[*]}"
-    pip_install --no-cache-dir "${PACKAGES[@]}" || exit 1
+    install_release || exit 1
     # PyPI's torchvision/torchaudio break `import vllm` beside the local torch;
     # nothing here needs them.
     "$DEST/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

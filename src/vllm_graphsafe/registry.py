@@ -123,6 +123,8 @@ class Patch:
     binds_to: str = ""
     upstream: tuple[str, ...] = ()
     delete_when: str = ""
+    #: Why it does not apply where ``anchor_module`` is absent, in words.
+    absent: str = ""
     #: The module whose presence decides whether the patch applies at all.
     anchor_module: str = ""
 
@@ -259,7 +261,8 @@ class Patch:
         self.evidence = verdict.evidence
         if not verdict.anchor_exists:
             self._set(
-                PatchState.NOT_APPLICABLE, f"this vLLM has no {self.anchor_module}"
+                PatchState.NOT_APPLICABLE,
+                self.absent or f"this vLLM has no {self.anchor_module}",
             )
         elif verdict.native is not None:
             # ops: a fix vLLM has natively stays native when disabled (issue 18).

@@ -125,6 +125,34 @@ def minor_of(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
+def _release_key(version: str) -> tuple[int, ...]:
+    """``(0, 34, 0)`` for ``"0.34.0"``; a pre-release counts as its release."""
+    parts = []
+    for part in version.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def table_note(version: str) -> str | None:
+    """One sentence where ``version`` is not a row of the release table (None
+    where it is): newer than every row, or between them."""
+    rows = release_table()
+    if any(row.version == version for row in rows):
+        return None
+    newest = max(rows, key=lambda row: _release_key(row.version))
+    if _release_key(version) > _release_key(newest.version):
+        return (
+            f"vLLM {version} is newer than every release this vllm-graphsafe was "
+            f"tested on (the newest: {newest.version}); each fix's state below was "
+            "judged from this vLLM's own code"
+        )
+    return (
+        f"vLLM {version} is not in the release table; each fix's state below was "
+        "judged from this vLLM's own code"
+    )
+
+
 _COMMANDS = {
     "ci-releases": "the releases CI runs, one per line",
     "engine": "the release that runs every engine test",

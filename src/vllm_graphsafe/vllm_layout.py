@@ -46,19 +46,26 @@ MRV2_CUDAGRAPH_UTILS = "vllm.v1.worker.gpu.cudagraph_utils"
 MRV2_DP_UTILS = "vllm.v1.worker.gpu.dp_utils"
 MRV2_SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
 #: Draft-prefill speculators, by layout: ``eagle/`` (0.20-0.22), then
-#: ``autoregressive/``, ``multi_module_mtp/`` and ``target_dependent_ar/`` (0.24-).
+#: ``autoregressive/``, ``multi_module_mtp/`` and ``target_dependent_ar/`` (0.24-),
+#: ``standalone_ar/`` (0.32-); from 0.34 ``autoregressive/`` holds only the
+#: draft decode, and each subclass its own draft prefill.
 MRV2_EAGLE_SPECULATOR = f"{MRV2_SPEC_DECODE}.eagle.speculator"
 MRV2_AUTOREGRESSIVE_SPECULATOR = f"{MRV2_SPEC_DECODE}.autoregressive.speculator"
 MRV2_MULTI_MODULE_MTP_SPECULATOR = f"{MRV2_SPEC_DECODE}.multi_module_mtp.speculator"
 MRV2_TARGET_DEPENDENT_AR_SPECULATOR = (
     f"{MRV2_SPEC_DECODE}.target_dependent_ar.speculator"
 )
+MRV2_STANDALONE_AR_SPECULATOR = f"{MRV2_SPEC_DECODE}.standalone_ar.speculator"
+#: DFlash drafts a fixed-width query every step (never a prompt chunk): its FULL
+#: query graph is guarded at replay, its dispatch needs no phase rule.
+MRV2_DFLASH_SPECULATOR = f"{MRV2_SPEC_DECODE}.dflash.speculator"
 #: (module, class) of every draft-prefill speculator some release ships; a
 #: release has the ones whose module it ships.
 MRV2_SPECULATORS = (
     (MRV2_EAGLE_SPECULATOR, "EagleSpeculator"),
     (MRV2_AUTOREGRESSIVE_SPECULATOR, "AutoRegressiveSpeculator"),
     (MRV2_TARGET_DEPENDENT_AR_SPECULATOR, "TargetDependentARSpeculator"),
+    (MRV2_STANDALONE_AR_SPECULATOR, "StandaloneARSpeculator"),
     (MRV2_MULTI_MODULE_MTP_SPECULATOR, "MultiModuleMTPSpeculator"),
 )
 

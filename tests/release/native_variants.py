@@ -50,6 +50,15 @@ class Variant:
     #: For MRV2: the kind of tree it applies to ("needed": lacks upstream's
     #: fix, "native": has it); None: every tree.
     tree: str | None = None
+    #: Text some MRV2 file of the tree must hold (the code the variant
+    #: changes, where only some releases have it); None: none needed.
+    requires: str | None = None
+
+    def applies(self, root: Path, kind: str) -> bool:
+        return self.tree in (None, kind) and (
+            self.requires is None
+            or any(self.requires in _read(root, f) for f in _mrv2_files(root))
+        )
 
     @property
     def id(self) -> str:
@@ -636,6 +645,12 @@ def _mrv2_files(root: Path) -> list[str]:
 
 
 _UPSTREAM_PHASE = "is_prefilling_np = num_computed_prefill_tokens_np < prefill_len_np"
+#: Upstream's exception (0.31 on): one new prompt token over prior context runs
+#: as a decode.
+_ONE_TOKEN_EXTENSION = (
+    "one_token_ext = (num_new_tokens == 1) & (num_computed_prefill_tokens_np > 0)"
+)
+_PROMPT_EXTENSION_BRANCH = "if has_prefill and self.pcp_manager is None:"
 
 MRV2_VARIANTS = [
     Variant(
@@ -859,9 +874,69 @@ MRV2_VARIANTS = [
                 "                # alone would admit a short prefill.\n"
                 "                max_query_len = None\n",
                 "",
+            ),
+            (
+                "            if not batch_req_state.decode_graph_eligible:\n"
+                "                # A query-length bound alone would admit a short prefill.\n"
+                "                max_query_len = None\n",
+                "",
+            ),
+        ),
+        "native",
+    ),
+    # -- upstream's one-token prompt extension (0.31 on), rewritten and widened --
+    Variant(
+        MRV2,
+        "upstream's one-token extension with np.logical_and",
+        True,
+        upstream_edit(
+            (
+                _ONE_TOKEN_EXTENSION,
+                "one_token_ext = np.logical_and(\n"
+                "                num_new_tokens == 1, num_computed_prefill_tokens_np > 0\n"
+                "            )",
             )
         ),
         "native",
+        requires=_ONE_TOKEN_EXTENSION,
+    ),
+    Variant(
+        MRV2,
+        "the one-token extension widened to a decode's width of new tokens",
+        False,
+        upstream_edit(
+            (
+                _ONE_TOKEN_EXTENSION,
+                "one_token_ext = (num_new_tokens <= self.decode_query_len) & "
+                "(num_computed_prefill_tokens_np > 0)",
+            )
+        ),
+        "native",
+        requires=_ONE_TOKEN_EXTENSION,
+    ),
+    Variant(
+        MRV2,
+        "the one-token extension granted to a fresh prompt",
+        False,
+        upstream_edit((_ONE_TOKEN_EXTENSION, "one_token_ext = num_new_tokens == 1")),
+        "native",
+        requires=_ONE_TOKEN_EXTENSION,
+    ),
+    Variant(
+        MRV2,
+        "the shape rule again: every batch eligible for the decode graph",
+        False,
+        upstream_edit(
+            ("decode_graph_eligible = not has_prefill", "decode_graph_eligible = True"),
+            (_PROMPT_EXTENSION_BRANCH, "if False:"),
+            ("            if batch_req_state.has_prefill:\n", "            if False:\n"),
+            (
+                "            if not batch_req_state.decode_graph_eligible:\n",
+                "            if False:\n",
+            ),
+        ),
+        "native",
+        requires="decode_graph_eligible = not has_prefill",
     ),
     Variant(
         MRV2,

@@ -44,6 +44,7 @@ DUMMY = Fix(
     upstream=("vllm-project/vllm#1",),
     delete_when="never: it is a test's",
     commit_subject="[Bugfix][Dummy] A fourth fix",
+    absent="this vLLM has no dummy runner",
     package=PACKAGE,
     events=("dummy_fix_decision",),
     native_from=(0, 29),

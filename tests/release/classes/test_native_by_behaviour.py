@@ -51,7 +51,7 @@ def release_version() -> str:
 
 def applicable(root: Path) -> list[Variant]:
     """The variants for this tree (MRV2's differ where upstream's fix is in)."""
-    return [v for v in ALL_VARIANTS if v.tree in (None, tree_kind(root))]
+    return [v for v in ALL_VARIANTS if v.applies(root, tree_kind(root))]
 
 
 def check(variant: Variant, root: Path) -> None:

@@ -48,6 +48,9 @@ FIX = Fix(
         "the oldest supported vLLM has vllm-project/vllm#51865 "
         "(released in 0.28): MRV2 classifies by request phase"
     ),
+    absent=(
+        "this vLLM has no Model Runner V2, the code this fixes"
+    ),
     commit_subject=("[Bugfix][MRV2] Dispatch uniform decode graphs by request phase"),
     package=__name__,
     events=(

@@ -17,6 +17,7 @@ it; under data parallelism that is what this rank offers the other ranks.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -363,9 +364,11 @@ def _outcome(case: Case[Step], run: Callable[[], Any]) -> Outcome:
     try:
         run()
     except ReachedDispatch as reached:
-        uniform = reached.uniform_token_count == q and not isinstance(
-            reached.uniform_token_count, StandIn
-        )
+        # Any uniform count asks for a FULL decode graph: every row of a case
+        # schedules q tokens, and a speculator may widen them alike (0.32's
+        # standalone draft adds a correction token to each).
+        count = reached.uniform_token_count
+        uniform = isinstance(count, int | np.integer) and count > 0
         bound = reached.max_query_len
         varlen = isinstance(bound, int | np.integer) and 0 < bound <= q
         full = bool(uniform or varlen)
@@ -436,17 +439,40 @@ class Target:
         return judge_cases(cases, lambda case: runs[case.name](case))
 
 
+#: What a draft prefill computes when it asks for a decode graph by shape
+#: (0.20-0.27) or by phase (0.28+).
+_DRAFT_PREFILL_COUNTS = frozenset(
+    {"get_uniform_token_count", "get_uniform_decode_token_count"}
+)
+
+
 def _speculators_in_source(code: SourceCode) -> list[tuple[str, str]]:
     """Each speculator class whose ``propose`` is a def of its own (a
-    subclass that inherits another's is judged with that one)."""
+    subclass that inherits another's is judged with that one) that asks for
+    a decode graph for its draft prefill. Left out: a ``propose`` that runs
+    its prefill eagerly (0.32's standalone drafter) and one inherited from an
+    abstract base (0.34's ``AutoRegressiveSpeculator``, whose subclasses
+    draft the prefill)."""
     found: dict[tuple[str, str], tuple[str, str]] = {}
     for module, owner in MRV2_SPECULATORS:
         if not code.sources.exists(module) or not code.sources.has_class(module, owner):
             continue
         defined = code.defining_class(module, owner, DRAFT_STEP)
-        if defined is not None and defined not in found:
-            found[defined] = (module, owner)
+        if defined is None or defined in found:
+            continue
+        node = code.sources.function_node(defined[0], f"{defined[1]}.{DRAFT_STEP}")
+        if node is not None and _DRAFT_PREFILL_COUNTS.isdisjoint(_names_in(node)):
+            continue
+        found[defined] = (module, owner)
     return list(found.values())
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {
+        child.id if isinstance(child, ast.Name) else child.attr
+        for child in ast.walk(node)
+        if isinstance(child, ast.Name | ast.Attribute)
+    }
 
 
 def judge_source(sources: SourceReader) -> Evidence:

@@ -63,6 +63,9 @@ FIX = Fix(
         "vLLM's FULL-graph replay itself runs a step whose attention "
         "metadata holds a prefill without the decode graph"
     ),
+    absent=(
+        "this vLLM has no CUDA-graph wrapper, where this guard sits"
+    ),
     commit_subject=(
         "[Bugfix] Never replay a FULL decode CUDA graph over prefill metadata"
     ),

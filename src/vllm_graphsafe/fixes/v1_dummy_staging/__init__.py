@@ -43,6 +43,10 @@ FIX = Fix(
     ),
     upstream=("vllm-project/vllm#54604",),
     delete_when="_dummy_run stages positions and computed lengths itself",
+    absent=(
+        "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
+        "removed it, and Model Runner V2 runs every model"
+    ),
     commit_subject=(
         "[Bugfix][V1] Stage consistent FULL dummy length and position metadata"
     ),

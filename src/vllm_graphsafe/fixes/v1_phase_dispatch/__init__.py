@@ -63,6 +63,10 @@ FIX = Fix(
         "vllm-project/vllm#53059",
     ),
     delete_when="the V1 runner's uniform-decode test reads each row's phase",
+    absent=(
+        "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
+        "removed it, and Model Runner V2 runs every model"
+    ),
     commit_subject=(
         "[Bugfix][V1] Keep prompt chunks off the uniform decode CUDA graph"
     ),
