@@ -19,18 +19,12 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vllm_graphsafe.registry import Patch
-from vllm_graphsafe.releases import ReleaseRow, release_table
+from vllm_graphsafe.fixes import Fix, all_fixes
+from vllm_graphsafe.releases import ReleaseRow, release_table, verified_releases
 
 EXIT_OK = 0
 EXIT_STALE = 1
 EXIT_BAD_INPUT = 2
-
-
-def _patches() -> list[Patch]:
-    from vllm_graphsafe.fixes import all_patches
-
-    return all_patches()
 
 
 def _cell(text: str) -> str:
@@ -41,8 +35,8 @@ def _links(references: Sequence[str]) -> str:
     return ", ".join(references)
 
 
-def render_patches_markdown(patches: Sequence[Patch] | None = None) -> str:
-    patches = _patches() if patches is None else patches
+def render_patches_markdown(patches: Sequence[Fix] | None = None) -> str:
+    patches = all_fixes() if patches is None else patches
     lines = [
         "| id | fixes | binds to | upstream | delete when | verified on |",
         "|---|---|---|---|---|---|",
@@ -58,7 +52,7 @@ def render_patches_markdown(patches: Sequence[Patch] | None = None) -> str:
                     patch.binds_to,
                     _links(patch.upstream),
                     patch.delete_when,
-                    ", ".join(patch.verified_on) or "none yet",
+                    ", ".join(verified_releases(patch.id)) or "none yet",
                 )
             )
             + " |"
@@ -106,12 +100,12 @@ def _release_label(row: ReleaseRow) -> str:
 
 
 def render_support_markdown(
-    patches: Sequence[Patch] | None = None,
+    patches: Sequence[Fix] | None = None,
     rows: Sequence[ReleaseRow] | None = None,
 ) -> str:
     """One row per release in the release table: CI's rows are re-verified on
     every CI run (the backport too); the others say what the sweep ran, when."""
-    patches = _patches() if patches is None else patches
+    patches = all_fixes() if patches is None else patches
     rows = list(release_table()) if rows is None else rows
     ids = [patch.id for patch in patches]
     lines = [
@@ -136,9 +130,9 @@ def render_markdown() -> str:
     return render_patches_markdown() + "\n\n" + render_support_markdown()
 
 
-def render_text(patches: Sequence[Patch] | None = None, width: int = 88) -> str:
+def render_text(patches: Sequence[Fix] | None = None, width: int = 88) -> str:
     """The catalogue for a terminal (``doctor --catalogue``)."""
-    patches = _patches() if patches is None else patches
+    patches = all_fixes() if patches is None else patches
     blocks = []
     for patch in patches:
         fields = [
@@ -147,7 +141,7 @@ def render_text(patches: Sequence[Patch] | None = None, width: int = 88) -> str:
             ("binds to", patch.binds_to),
             ("upstream", _links(patch.upstream)),
             ("delete when", patch.delete_when),
-            ("verified on", ", ".join(patch.verified_on) or "none yet"),
+            ("verified on", ", ".join(verified_releases(patch.id)) or "none yet"),
         ]
         lines = [f"{patch.id}: {patch.title}"]
         for label, value in fields:

@@ -1,10 +1,8 @@
-"""Where a patch hooks vLLM, and what its hooks read: the hook points.
+"""How a fix hooks vLLM at each of its points.
 
 :class:`WrapHook` puts a wrapt ``FunctionWrapper`` around a target, for calls
 off the per-step path; :class:`ReplaceHook` installs what a factory makes from
-the original, for the per-step path. :class:`SetsAttribute`,
-:class:`TakesParameters` and any :class:`SourceCheck` name what the hooks
-read, checked in vLLM's source before anything binds.
+the original, for the per-step path.
 """
 
 from __future__ import annotations
@@ -12,12 +10,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import wrapt
 
-from vllm_graphsafe import recognition
-from vllm_graphsafe.sources import SourceReader
 
 #: ``on_failure(error, reading)``: a hook's own code failed while reading ``reading``.
 OnFailure = Callable[[BaseException, str], None]
@@ -65,16 +61,10 @@ def unhooked(cls: type) -> type:
 class _Located:
     module: str
     qualname: str
-    #: The hook point must be called (by name) from this qualname of ``module``.
-    caller: str | None
 
     @property
     def symbol(self) -> str:
         return f"{self.module}.{self.qualname}"
-
-    @property
-    def leaf(self) -> str:
-        return self.qualname.rsplit(".", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -84,7 +74,6 @@ class WrapHook(_Located):
     module: str
     qualname: str
     wrapper: Wrapper
-    caller: str | None = None
 
     def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
         wrapper = functools.partial(self.wrapper, on_failure=on_failure)
@@ -104,7 +93,6 @@ class ReplaceHook(_Located):
     module: str
     qualname: str
     factory: Factory
-    caller: str | None = None
 
     def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
         current = (
@@ -123,55 +111,3 @@ class ReplaceHook(_Located):
 
 
 HookPoint = WrapHook | ReplaceHook
-
-
-class SetsAttribute(NamedTuple):
-    """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
-
-    module: str
-    owner: str
-    attribute: str
-    reader: str
-
-    def missing(self, sources: SourceReader) -> str | None:
-        if not sources.has_class(self.module, self.owner):
-            return f"{self.module}.{self.owner} is missing (read by {self.reader})"
-        if not sources.sets_attribute(self.module, self.owner, self.attribute):
-            return (
-                f"{self.module}.{self.owner} no longer sets {self.attribute} "
-                f"(read by {self.reader})"
-            )
-        return None
-
-
-class TakesParameters(NamedTuple):
-    """A hook reads these parameters of ``qualname`` in ``module``."""
-
-    module: str
-    qualname: str
-    parameters: tuple[str, ...]
-    reader: str
-
-    def missing(self, sources: SourceReader) -> str | None:
-        node = sources.function_node(self.module, self.qualname)
-        if node is None:
-            return f"{self.module}.{self.qualname} is missing (read by {self.reader})"
-        lacking = [
-            p for p in self.parameters if p not in recognition.parameter_names(node)
-        ]
-        if lacking:
-            return (
-                f"{self.module}.{self.qualname} no longer takes "
-                f"{', '.join(lacking)} (read by {self.reader})"
-            )
-        return None
-
-
-class SourceCheck(Protocol):
-    """Any other thing a hook reads, checked in source at decide: one sentence
-    naming what is missing, or None."""
-
-    def missing(self, sources: SourceReader) -> str | None: ...
-
-
-Requirement = SetsAttribute | TakesParameters | SourceCheck

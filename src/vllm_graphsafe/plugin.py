@@ -24,8 +24,7 @@ from vllm_graphsafe.counts.private_files import (
     make_private_directory,
     writable_by_others,
 )
-from vllm_graphsafe.fixes import all_patches
-from vllm_graphsafe.registry import PatchFailedError, Registry
+from vllm_graphsafe.registry import PatchFailedError, Registry, all_patches
 from vllm_graphsafe.settings import (
     METRICS_DIR_ENV,
     Settings,

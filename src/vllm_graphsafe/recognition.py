@@ -78,30 +78,20 @@ def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
 
 def module_binds(tree: ast.Module, name: str) -> bool:
     """Whether the module binds ``name`` at top level (def, class, import, assign)."""
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == name:
-                return True
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                if bound == name:
-                    return True
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in _flatten(targets)):
-                return True
-        elif isinstance(node, ast.For | ast.AsyncFor) and any(
-            isinstance(t, ast.Name) and t.id == name for t in _flatten([node.target])
-        ):
-            return True
-    return False
+    return any(name in _names_bound(node) for node in tree.body)
 
 
 def binding_statement(body: Iterable[ast.stmt], name: str) -> ast.stmt | None:
     """The first statement of ``body`` that binds ``name`` when it runs: a def,
     class, import or assignment, or one inside an ``if``, ``try`` or ``with``
     there (an ``if TYPE_CHECKING:`` body binds nothing at run time)."""
+    return first_bindings(body).get(name)
+
+
+def first_bindings(body: Iterable[ast.stmt]) -> dict[str, ast.stmt]:
+    """Each name ``body`` binds when it runs, with the first statement that
+    binds it (as :func:`binding_statement` finds it, for every name at once)."""
+    found: dict[str, ast.stmt] = {}
     for node in body:
         inner: list[ast.stmt] = []
         if isinstance(node, ast.If):
@@ -115,13 +105,30 @@ def binding_statement(body: Iterable[ast.stmt], name: str) -> ast.stmt | None:
             inner += node.orelse + node.finalbody
         elif isinstance(node, ast.With):
             inner += node.body
-        elif module_binds(ast.Module([node], []), name):
-            return node
-        if inner:
-            found = binding_statement(inner, name)
-            if found is not None:
-                return found
-    return None
+        else:
+            for name in _names_bound(node):
+                found.setdefault(name, node)
+        for name, statement in first_bindings(inner).items():
+            found.setdefault(name, statement)
+    return found
+
+
+def _names_bound(node: ast.stmt) -> Iterator[str]:
+    """The names one top-level statement binds (as :func:`module_binds` reads it)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        yield node.name
+    elif isinstance(node, ast.Import | ast.ImportFrom):
+        for alias in node.names:
+            yield alias.asname or alias.name.split(".")[0]
+    elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in _flatten(targets):
+            if isinstance(target, ast.Name):
+                yield target.id
+    elif isinstance(node, ast.For | ast.AsyncFor):
+        for target in _flatten([node.target]):
+            if isinstance(target, ast.Name):
+                yield target.id
 
 
 def _is_type_checking(test: ast.expr) -> bool:

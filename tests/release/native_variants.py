@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_graphsafe import fixes
-from vllm_graphsafe.backport import OverlaySourceReader
+from vllm_graphsafe.backport import Judged, judge_one, planner
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes import v1_phase_dispatch
-from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import DISPATCH
-from vllm_graphsafe.registry import Patch, PatchState
-from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.fixes.v1_phase_dispatch.judge import DISPATCH
+from vllm_graphsafe.verdicts import PatchState
 
 V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 MRV2_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
@@ -65,16 +64,14 @@ class Variant:
         return f"{self.fix}:{'native' if self.native else 'needed'}:{self.name}"
 
 
-def judge(root: Path, fix_id: str, edited: Edited) -> Patch:
-    """The fix decided on the tree as if ``edited`` were written (what
+def judge(root: Path, fix_id: str, edited: Edited) -> Judged:
+    """The fix judged on the tree as if ``edited`` were written (what
     ``backport --check`` does), nothing imported."""
-    patch = fixes.get(fix_id).make_patch()
-    patch.decide(read_settings({}), OverlaySourceReader(root, edited))
-    return patch
+    return judge_one(root, fix_id, edited)
 
 
-def is_native(patch: Patch) -> bool:
-    return patch.state is PatchState.NATIVE
+def is_native(judged: Judged) -> bool:
+    return judged.state is PatchState.NATIVE
 
 
 # -- locating and editing text ---------------------------------------------------
@@ -435,7 +432,7 @@ DUMMY = "v1-dummy-staging"
 
 def with_backport(fix_id: str, root: Path) -> Edited:
     """The backport's edit of the tree for ``fix_id`` (and only that fix)."""
-    plan = fixes.get(fix_id).plan(Tree(root))
+    plan = planner(fix_id).plan(Tree(root))
     return dict(plan.texts)
 
 

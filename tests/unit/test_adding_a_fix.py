@@ -1,8 +1,8 @@
 """A fix added to ``vllm_graphsafe.fixes`` reaches every consumer, none edited.
 
 The dummy fix below is registered the way a fourth fix would be (one more entry
-in ``ALL_FIXES``, its folder holding ``hooks.make_patch`` and
-``backport.plan``); each test reads one consumer and finds it there. No vLLM,
+in ``ALL_FIXES``, its folder holding ``judge.JUDGE``, ``hooks.hook_points``
+and ``backport.plan``); each test reads one consumer and finds it there. No vLLM,
 no torch: the dummy binds to a module nothing installs, so it is "not applicable".
 """
 
@@ -20,7 +20,9 @@ import pytest
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport.plan import Plan
 from vllm_graphsafe.fixes import ExtraControl, Fix
-from vllm_graphsafe.registry import HookPoint, Patch, PatchState, SourceReader
+from vllm_graphsafe.hook_points import HookPoint
+from vllm_graphsafe.judging import FixJudge
+from vllm_graphsafe.verdicts import PatchState, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "graphsafe_dummy_fix"
@@ -44,6 +46,7 @@ DUMMY = Fix(
     upstream=("vllm-project/vllm#1",),
     delete_when="never: it is a test's",
     commit_subject="[Bugfix][Dummy] A fourth fix",
+    anchor=ABSENT_MODULE,
     absent="this vLLM has no dummy runner",
     package=PACKAGE,
     events=("dummy_fix_decision",),
@@ -64,15 +67,16 @@ DUMMY = Fix(
 )
 
 
-class DummyPatch(Patch):
-    def __init__(self) -> None:
-        super().__init__(**DUMMY.catalogue_facts(), anchor_module=ABSENT_MODULE)
+JUDGE = FixJudge(
+    native_summary="the dummy runner classifies by phase",
+    behaviour=lambda sources: None,
+    native_reason=lambda sources: None,
+    points=lambda layout: [],
+)
 
-    def hook_points(self) -> list[HookPoint]:
-        return []
 
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return None
+def _hook_points(verdict: Verdict) -> list[HookPoint]:
+    return []
 
 
 def _plan(tree: object) -> Plan:
@@ -83,11 +87,13 @@ def _plan(tree: object) -> Plan:
 def dummy_fix(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fix]:
     """The dummy fix's folder importable, and the fix in the one list."""
     folder = types.ModuleType(PACKAGE)
+    judge = types.ModuleType(f"{PACKAGE}.judge")
+    judge.JUDGE = JUDGE  # type: ignore[attr-defined]
     hooks = types.ModuleType(f"{PACKAGE}.hooks")
-    hooks.make_patch = DummyPatch  # type: ignore[attr-defined]
+    hooks.hook_points = _hook_points  # type: ignore[attr-defined]
     backport = types.ModuleType(f"{PACKAGE}.backport")
     backport.plan = _plan  # type: ignore[attr-defined]
-    for module in (folder, hooks, backport):
+    for module in (folder, judge, hooks, backport):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(fixes, "ALL_FIXES", (*fixes.ALL_FIXES, DUMMY))
     yield DUMMY
@@ -109,7 +115,7 @@ def test_the_plugin_registry_holds_it() -> None:
     plugin._REGISTRY = None
     try:
         registry = plugin.registry()
-        assert registry.get(DUMMY_ID).title == DUMMY.title
+        assert registry.get(DUMMY_ID).fix == DUMMY
     finally:
         plugin._REGISTRY = None
 
@@ -200,10 +206,10 @@ def test_backport_verification_leaves_out_its_plugin_form_tests() -> None:
 
 
 def test_the_backport_plans_it_and_names_its_commit() -> None:
-    from vllm_graphsafe.backport import Outcome, Status
+    from vllm_graphsafe.backport import Outcome, Status, planner
     from vllm_graphsafe.backport.output import commit_message
 
-    plan = DUMMY.plan(Path("."))  # type: ignore[arg-type]
+    plan = planner(DUMMY_ID).plan(Path("."))
     message = commit_message(Outcome(DUMMY_ID, Status.NEEDED, plan.layout, plan), "9")
     assert message.startswith(DUMMY.commit_subject + "\n")
     assert "DummyRunner._phase" in message

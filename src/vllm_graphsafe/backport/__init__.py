@@ -20,10 +20,13 @@ Nothing is written here; :mod:`.output` renders diffs, patch files and writes.
 from __future__ import annotations
 
 import enum
+import importlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport.plan import Plan, written_test_path
@@ -39,8 +42,9 @@ from vllm_graphsafe.backport.record import (
 from vllm_graphsafe.backport.source import MissingSymbolError
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.behaviour.judgement import Evidence
-from vllm_graphsafe.registry import Patch, PatchState, SourceReader
-from vllm_graphsafe.settings import Settings
+from vllm_graphsafe.judging import judge
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState, Verdict
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())
@@ -140,35 +144,42 @@ class OverlaySourceReader(SourceReader):
         return super().text(module)
 
 
-def _all_enabled() -> Settings:
-    return Settings(
-        disabled_ids=frozenset(), disable_all=False, strict=False, stats_dir=None
-    )
+class Judged(NamedTuple):
+    """A fix judged on a tree: the state the plugin would reach there (the
+    fix enabled), why, and how native or needed was found."""
+
+    verdict: Verdict
+    state: PatchState
+    reason: str
+    evidence: Evidence | None
+
+    def finding(self) -> str | None:
+        """How native or needed was found; None without the code it fixes."""
+        return None if self.evidence is None else self.evidence.finding()
 
 
-def patches_by_id() -> dict[str, Patch]:
-    return {patch.id: patch for patch in fixes.all_patches()}
+def _sources(root: Path, edited: dict[str, str] | None) -> SourceReader:
+    return SourceReader(root=root) if not edited else OverlaySourceReader(root, edited)
 
 
-def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Patch]:
-    """Each fix's plugin state for the tree, or as if ``edited`` were written."""
-    sources: SourceReader = (
-        SourceReader(root=root) if not edited else OverlaySourceReader(root, edited)
-    )
-    patches = patches_by_id()
-    for patch in patches.values():
-        patch.decide(_all_enabled(), sources)
-    return patches
+def _judged(verdict: Verdict) -> Judged:
+    return Judged(verdict, *verdict.settle(), verdict.evidence)
 
 
-def judge_one(root: Path, fix_id: str, edited: dict[str, str] | None = None) -> Patch:
-    """One fix decided for the tree (as if ``edited`` were written)."""
-    sources: SourceReader = (
-        SourceReader(root=root) if not edited else OverlaySourceReader(root, edited)
-    )
-    patch = fixes.get(fix_id).make_patch()
-    patch.decide(_all_enabled(), sources)
-    return patch
+def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Judged]:
+    """Each fix judged on the tree, or as if ``edited`` were written."""
+    sources = _sources(root, edited)
+    return {fix.id: _judged(judge(fix, sources)) for fix in fixes.all_fixes()}
+
+
+def judge_one(root: Path, fix_id: str, edited: dict[str, str] | None = None) -> Judged:
+    """One fix judged on the tree (as if ``edited`` were written)."""
+    return _judged(judge(fixes.get(fix_id), _sources(root, edited)))
+
+
+def planner(fix_id: str) -> ModuleType:
+    """The fix's backport planner (its folder's ``backport`` module: ``plan``)."""
+    return importlib.import_module(f"{fixes.get(fix_id).package}.backport")
 
 
 def check_tree(root: Path) -> None:
@@ -328,7 +339,7 @@ def _carried(
 
 def _plan_one(tree: Tree, fix_id: str) -> Outcome:
     try:
-        plan = fixes.get(fix_id).plan(tree)
+        plan = planner(fix_id).plan(tree)
     except MissingSymbolError as missing:
         return Outcome(fix_id, Status.CANNOT_BIND, f"missing {missing}")
     candidate = {**tree.edited, **plan.texts}

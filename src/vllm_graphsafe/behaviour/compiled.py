@@ -28,14 +28,13 @@ import builtins
 import copy
 import importlib
 import inspect
-import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
 from vllm_graphsafe.behaviour.stand_in import StandIn
-from vllm_graphsafe.sources import DefinitionSite, DefinitionText, SourceReader
+from vllm_graphsafe.sources import SourceReader
 
 #: Third-party packages imported for real (vLLM's code computes with them).
 REAL_PACKAGES = frozenset({"numpy", "torch"})
@@ -95,14 +94,6 @@ def _without_decorators(
     return bare
 
 
-_DECORATOR_NAME = re.compile(r"\s*@\s*([\w.]+)")
-
-
-def _decorator_text_name(decorator: str) -> str:
-    found = _DECORATOR_NAME.match(decorator)
-    return found.group(1).rsplit(".", 1)[-1] if found else ""
-
-
 def _runs_as_written(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether the def, compiled with only its kept decorators, is called the
     way vLLM calls it (a ``triton.jit`` kernel, say, is not: it is indexed by
@@ -156,7 +147,7 @@ class TreeModule:
         try:
             return self._code.namespace(self._module)[name]
         except NameError:
-            if self._code.sources.binding_site(self._module, "__getattr__"):
+            if self._code.sources.top_level_binding(self._module, "__getattr__"):
                 # The module makes its attributes when asked (vllm.envs does).
                 return StandIn(f"{self._module}.{name}")
             raise AttributeError(
@@ -219,7 +210,7 @@ class SourceCode:
         if name == "__file__":
             identity = self.sources.identity(module)
             return identity[0] if identity else StandIn("__file__")
-        site = self.sources.binding_site(module, name)
+        site = self.sources.top_level_binding(module, name)
         if site is None:
             if hasattr(builtins, name):
                 return getattr(builtins, name)
@@ -230,22 +221,9 @@ class SourceCode:
             # What vLLM would raise running this code.
             raise NameError(f"name {name!r} is not defined in {module}")
         try:
-            if isinstance(site, DefinitionSite):
-                return self._defined(module, name, site)
             return self._bound_by(module, name, site)
         except CompileError:
             return StandIn(f"{module}.{name}")
-
-    def _defined(self, module: str, name: str, site: DefinitionSite) -> Any:
-        """A module-level def compiled from its text; a class from its parse."""
-        if site.kind == "def":
-            written = self.sources.definition_text(module, name)
-            if written is not None:
-                return self._compile_text(module, written, None, name)
-        statement = self.sources.top_level_binding(module, name)
-        if statement is None:  # the outline and the parse disagree
-            return StandIn(f"{module}.{name}")
-        return self._bound_by(module, name, statement)
 
     def _bound_by(self, module: str, name: str, statement: ast.stmt) -> Any:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -276,7 +254,7 @@ class SourceCode:
             if (alias.asname or alias.name) != name:
                 continue
             if self.in_tree(source):
-                if self.sources.binding_site(source, alias.name) is not None:
+                if self.sources.top_level_binding(source, alias.name) is not None:
                     return self.namespace(source)[alias.name]
                 if self.sources.exists(f"{source}.{alias.name}"):
                     return TreeModule(self, f"{source}.{alias.name}")
@@ -336,42 +314,6 @@ class SourceCode:
             return dict(vars(local[owner]))
         return dict(local)
 
-    def _compile_text(
-        self, module: str, written: DefinitionText, owner: str | None, name: str
-    ) -> Any:
-        """Compile a def from its own text (faster than from its parse): its
-        kept decorators, and a class line for ``owner`` so that private names
-        mangle as in vLLM. A def with a decorator that changes how it is
-        called is a stand-in."""
-        names = [_decorator_text_name(d) for d in written.decorators]
-        if any(n not in _KEPT_DECORATORS | _DROPPED_DECORATORS for n in names):
-            return StandIn(f"{owner or module}.{name}")
-        kept = [
-            d
-            for d, n in zip(written.decorators, names, strict=True)
-            if n in _KEPT_DECORATORS
-        ]
-        head = "".join(kept)
-        lines_before = written.line - head.count("\n") - (1 if owner else 0)
-        source = "\n" * max(lines_before, 0)
-        if owner is not None:
-            source += f"class {owner}:\n"
-        source += head + written.text
-        if owner is None and written.indent:
-            return StandIn(f"{module}.{name}")
-        identity = self.sources.identity(module)
-        filename = identity[0] if identity else f"<{module}>"
-        namespace = self.namespace(module)
-        local = _Locals(namespace)
-        try:
-            code = compile(source, filename, "exec", _FLAGS, True)
-            exec(code, namespace, local)
-        except Exception as error:
-            raise CompileError(f"{module}.{name}: {error}") from error
-        if owner is not None:
-            return vars(local[owner])[name]
-        return local[name]
-
     # -- what a judgement asks for -----------------------------------------------
 
     def name_or_none(self, module: str, name: str) -> Any:
@@ -425,9 +367,6 @@ class SourceCode:
                 else name
             )
             qualname = f"{location[1]}.{written_name}"
-            written = self.sources.definition_text(location[0], qualname)
-            if written is not None:
-                return self._compile_text(location[0], written, location[1], name)
             node = self.sources.function_node(location[0], qualname)
             if node is not None:
                 if not _runs_as_written(node):
@@ -452,7 +391,7 @@ class SourceCode:
     ) -> None:
         if (module, name) in chain or depth > 16:
             return
-        header = self.sources.class_header(module, name)
+        header = self.sources.class_node(module, name)
         if header is None:
             return
         chain.append((module, name))
@@ -469,7 +408,7 @@ class SourceCode:
         if isinstance(reference, ast.Attribute) and isinstance(
             reference.value, ast.Name
         ):
-            target = self.sources.binding_site(module, reference.value.id)
+            target = self.sources.top_level_binding(module, reference.value.id)
             if isinstance(target, ast.Import):
                 for alias in target.names:
                     if (alias.asname or alias.name) == reference.value.id:
@@ -481,10 +420,8 @@ class SourceCode:
     ) -> tuple[str, str] | None:
         if depth > 8 or not self.in_tree(module):
             return None
-        statement = self.sources.binding_site(module, name)
-        if isinstance(statement, ast.ClassDef) or (
-            isinstance(statement, DefinitionSite) and statement.kind == "class"
-        ):
+        statement = self.sources.top_level_binding(module, name)
+        if isinstance(statement, ast.ClassDef):
             return module, name
         if isinstance(statement, ast.ImportFrom):
             source = _absolute(module, statement, self._is_package(module))
@@ -551,24 +488,6 @@ def _is_constant_expression(node: ast.expr) -> bool:
         elif isinstance(child, ast.Lambda | ast.NamedExpr | ast.Await | ast.Yield):
             return False
     return True
-
-
-def real_function(function: Any) -> Callable[..., Any] | None:
-    """The plain function behind a class attribute (staticmethod, classmethod
-    or function); None for anything else."""
-    if isinstance(function, staticmethod | classmethod):
-        function = function.__func__
-    return function if callable(function) else None
-
-
-def names_used(functions: Iterable[Callable[..., Any]]) -> set[str]:
-    """Global names the functions' code loads (for tests and evidence)."""
-    used: set[str] = set()
-    for function in functions:
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            used.update(code.co_names)
-    return used
 
 
 def shared_code(sources: SourceReader) -> SourceCode:

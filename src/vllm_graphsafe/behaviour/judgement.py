@@ -101,6 +101,10 @@ class Evidence(NamedTuple):
             return f"reading: {found}; could not run: {self.could_not_run}"
         return f"reading: {found}"
 
+    def finding(self) -> str:
+        """``native (behaviour: 37/37 cases)``, ``needed (reading: ...)``."""
+        return f"{'native' if self.native else 'needed'} ({self.text()})"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "how": self.how,

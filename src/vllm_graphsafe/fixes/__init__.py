@@ -3,14 +3,12 @@
 The registry, doctor, the catalogue and README tables, the release table, the
 sweep, ``scripts/run_suite.py``, the backport and its verification, the
 benchmarks and the metrics all iterate :func:`all_fixes`; none names a fix.
-Importing this module imports only the standard library (every fix's facts);
-:meth:`Fix.make_patch` and :meth:`Fix.plan` import a fix's code when asked.
-Adding a fix: ``docs/adding-a-fix.md``.
+Importing this module imports only every fix's facts; a fix's judge, hooks
+and backport planner are imported by what needs them. Adding a fix:
+``docs/adding-a-fix.md``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from vllm_graphsafe.fixes import (
     mrv2_phase_dispatch,
@@ -20,15 +18,11 @@ from vllm_graphsafe.fixes import (
 )
 from vllm_graphsafe.fixes.fix import ExtraControl, Fix
 
-if TYPE_CHECKING:
-    from vllm_graphsafe.registry import Patch
-
 __all__ = [
     "ALL_FIXES",
     "ExtraControl",
     "Fix",
     "all_fixes",
-    "all_patches",
     "decision_events",
     "dispatch_fixes",
     "fix_ids",
@@ -60,11 +54,6 @@ def get(fix_id: str) -> Fix:
         if fix.id == fix_id:
             return fix
     raise KeyError(fix_id)
-
-
-def all_patches() -> list[Patch]:
-    """A fresh runtime patch of every fix, in apply order."""
-    return [fix.make_patch() for fix in all_fixes()]
 
 
 def dispatch_fixes() -> dict[str, str]:

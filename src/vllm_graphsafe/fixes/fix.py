@@ -1,33 +1,16 @@
 """What a fix declares: its facts, and where its code lives.
 
 Standard library only: the plugin reads this list in every vLLM process, and the
-repository's scripts read it under the machine's own ``python3``. A fix's runtime
-hooks and backport planner are imported only when asked for.
+repository's scripts read it under the machine's own ``python3``. A fix's
+folder (:attr:`Fix.package`) holds its judge (``judge``: ``JUDGE``), its
+runtime hooks (``hooks``) and its backport planner (``backport``: ``plan``),
+each imported by what needs it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
-
-if TYPE_CHECKING:
-    from vllm_graphsafe.backport.plan import Plan
-    from vllm_graphsafe.backport.tree import Tree
-    from vllm_graphsafe.registry import Patch
-
-
-class CatalogueFacts(TypedDict):
-    """The facts a :class:`~vllm_graphsafe.registry.Patch` carries."""
-
-    id: str
-    title: str
-    what: str
-    why: str
-    binds_to: str
-    upstream: tuple[str, ...]
-    delete_when: str
-    absent: str
+from typing import Any, NamedTuple
 
 
 class ExtraControl(NamedTuple):
@@ -49,11 +32,7 @@ class ExtraControl(NamedTuple):
 
 
 class Fix(NamedTuple):
-    """One fix of this package; its folder is :attr:`package`.
-
-    The folder holds ``hooks.py`` (``make_patch()``: the plugin's runtime form)
-    and ``backport.py`` (``plan(tree)``: the same fix as a source edit).
-    """
+    """One fix of this package; its folder is :attr:`package`."""
 
     id: str
     title: str
@@ -67,8 +46,10 @@ class Fix(NamedTuple):
     delete_when: str
     #: The subject line of the commit the backport writes.
     commit_subject: str
-    #: Why the fix does not apply to a vLLM without the code it fixes, for
-    #: the operator (doctor's ``not applicable``).
+    #: The module of the code it fixes: without it, the fix does not apply.
+    anchor: str
+    #: Why the fix does not apply to a vLLM without ``anchor``, for the
+    #: operator (doctor's ``not applicable``).
     absent: str
     #: The fix's folder, as a module name (its ``__name__``).
     package: str
@@ -84,25 +65,3 @@ class Fix(NamedTuple):
     #: Regression tests that pin the plugin's runtime form rather than the fix:
     #: the backport's verification does not run them on the edited tree.
     plugin_form_only: tuple[str, ...] = ()
-
-    def catalogue_facts(self) -> CatalogueFacts:
-        return CatalogueFacts(
-            id=self.id,
-            title=self.title,
-            what=self.what,
-            why=self.why,
-            binds_to=self.binds_to,
-            upstream=self.upstream,
-            delete_when=self.delete_when,
-            absent=self.absent,
-        )
-
-    def make_patch(self) -> Patch:
-        """A fresh instance of the plugin's runtime form (imports its hooks)."""
-        hooks = importlib.import_module(f"{self.package}.hooks")
-        return cast("Patch", hooks.make_patch())
-
-    def plan(self, tree: Tree) -> Plan:
-        """The fix as an edit of ``tree`` (imports its backport planner)."""
-        planner = importlib.import_module(f"{self.package}.backport")
-        return cast("Plan", planner.plan(tree))

@@ -41,7 +41,7 @@ _DRAFT_PREFILL_COUNT = re.compile(r"\bget_uniform_(?:decode_)?token_count\(")
 
 def speculator_classes() -> Iterator[tuple[str, str]]:
     """The release's speculators whose ``propose`` computes a draft-prefill count."""
-    from vllm_graphsafe.registry import SourceReader
+    from vllm_graphsafe.sources import SourceReader
 
     sources = SourceReader()
     for module, name in SPECULATORS:

@@ -76,7 +76,7 @@ def replace_original(
     monkeypatch: Any, owner: type, name: str, replacement: Any
 ) -> None:
     """Swap the original method, beneath any hook the plugin put around it."""
-    from vllm_graphsafe.registry import is_hooked
+    from vllm_graphsafe.hook_points import is_hooked
 
     current = owner.__dict__[name]
     if is_hooked(current):

@@ -32,7 +32,9 @@ import pytest
 
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes import phase_events
-from vllm_graphsafe.registry import HookPoint, PatchState, SourceReader, is_hooked
+from vllm_graphsafe.hook_points import HookPoint, is_hooked
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState
 from vllm_graphsafe.settings import read_settings
 from vllm_graphsafe.vllm_fakes import mrv2_speculators, mrv2_state
 from vllm_graphsafe.vllm_fakes.mrv2_speculators import (
@@ -458,7 +460,7 @@ def test_patch_state_follows_the_release_code() -> None:
     patch = the_patch()
     if read_settings().is_disabled(PATCH_ID):
         assert patch.state is PatchState.DISABLED
-    elif patch.native_reason(SourceReader()) is not None:
+    elif patch.parts().native_reason(SourceReader()) is not None:
         assert patch.state is PatchState.NATIVE
     else:
         assert patch.state is PatchState.APPLIED, patch.reason
@@ -477,7 +479,7 @@ def test_phase_aware_release_code_is_recognised_native(version: str) -> None:
     major, minor = (int(part) for part in version.split(".")[:2])
     has_upstream_fix = (major, minor) >= (0, 28)
 
-    reason = the_patch().native_reason(SourceReader())
+    reason = the_patch().parts().native_reason(SourceReader())
 
     assert (reason is not None) == has_upstream_fix, reason
 
@@ -611,12 +613,13 @@ class InputBatch:
 
 
 def decided(texts: dict[str, str]) -> Any:
-    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import MRV2PhaseDispatchPatch
+    from vllm_graphsafe import fixes
+    from vllm_graphsafe.registry import Patch
 
     if texts:
         texts = {**_STATE_SOURCES, **texts}
-    patch = MRV2PhaseDispatchPatch()
-    patch.decide(read_settings({}), FakeSources(texts))
+    patch = Patch(fixes.get(PATCH_ID))
+    patch.decide(read_settings({}), patch.judge(FakeSources(texts)))
     return patch
 
 
@@ -806,7 +809,7 @@ FIXED_WIDTH_SPECULATORS = [
 
 def test_fixed_width_speculators_are_left_alone() -> None:
     """DFlash drafts a fixed-width block: no draft prefill to classify, no hook."""
-    from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import DRAFT_PREFILL_DISPATCHERS
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.judge import DRAFT_PREFILL_DISPATCHERS
 
     sources = SourceReader()
     present = [(m, n) for m, n in FIXED_WIDTH_SPECULATORS if sources.exists(m)]

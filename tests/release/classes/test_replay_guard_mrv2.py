@@ -193,13 +193,15 @@ def test_the_steps_eager_path_is_found_in_the_release() -> None:
 
 
 def test_the_release_reads_as_needing_the_guard() -> None:
-    from vllm_graphsafe.fixes.replay_guard import mrv2
-    from vllm_graphsafe.registry import SourceReader
+    from vllm_graphsafe.fixes.replay_guard import judge
+    from vllm_graphsafe.sources import SourceReader
 
     sources = SourceReader()
-    assert mrv2.native_reason(sources) is None
+    assert judge.mrv2_native_reason(sources) is None
     assert (
-        mrv2.ReplaysInBranch(vllm_layout.MRV2_RUNNER, mrv2.RUNNER_STEP).missing(sources)
+        judge.ReplaysInBranch(vllm_layout.MRV2_RUNNER, judge.RUNNER_STEP).missing(
+            sources
+        )
         is None
     )
 
@@ -211,7 +213,7 @@ def test_a_target_replay_the_guard_cannot_read_fails_visibly(
     guard runs instead. vLLM's replay answers, and the patch turns itself off
     with its reason (never a silent unguarded replay)."""
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.registry import PatchState
+    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED:

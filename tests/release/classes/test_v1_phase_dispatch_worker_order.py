@@ -34,8 +34,8 @@ import pytest
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.fixes.scheduled_rows import decode_draft_count
-from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
-from vllm_graphsafe.registry import SourceReader
+from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
+from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_fakes.v1_runner import (
     MAX_ROWS,
     DispatchRecord,
@@ -379,7 +379,7 @@ def test_a_runner_classifying_outside_its_worker_fails_open(
     """Under pipeline + sequence parallel the rule needs the worker's step: a
     dispatch reached some other way gets vLLM's answer and one warning."""
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.registry import PatchState
+    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED or not worker_classifies_early():
@@ -472,7 +472,7 @@ def test_an_unreadable_step_returns_vllm_answer_and_fails_the_patch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.registry import PatchState
+    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED or not worker_classifies_early():

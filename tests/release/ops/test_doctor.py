@@ -150,13 +150,13 @@ def test_the_emulator_state_is_shown_when_its_variable_is_set() -> None:
 
 
 def test_the_catalogue_names_every_patch() -> None:
-    from vllm_graphsafe.fixes import all_patches
+    from vllm_graphsafe.fixes import all_fixes
 
     result = run_doctor("--catalogue")
     assert result.returncode == doctor.EXIT_OK
-    for patch in all_patches():
-        assert patch.id in result.stdout
-        assert patch.title in result.stdout
+    for fix in all_fixes():
+        assert fix.id in result.stdout
+        assert fix.title in result.stdout
 
 
 @pytest.mark.parametrize("how", ["variable", "flag"])

@@ -25,7 +25,7 @@ from vllm_graphsafe.behaviour.judgement import (
 )
 from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour as v1
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.verdicts import Point, Verdict
 
 OFF, ON = Expect.KEPT_OFF, Expect.KEPT_ON
 
@@ -99,7 +99,12 @@ def test_reading_alone_never_says_native() -> None:
     ],
 )
 def test_evidence_travels_in_kept_verdicts(evidence: Evidence) -> None:
-    verdict = Verdict(anchor_exists=True, hook_modules=("m",), evidence=evidence)
+    verdict = Verdict(
+        anchor_exists=True,
+        evidence=evidence,
+        points=(Point("m", "C.f", "role", "C.g"), Point("m", "f", "other")),
+        layout={"flag": True, "rows": [["m", "C.f"]]},
+    )
     assert Verdict.from_json(verdict.to_json()) == verdict
     assert Evidence.from_json(evidence.to_json()) == evidence
 

@@ -221,6 +221,6 @@ def _prepare_inputs(self, scheduler_output):
 def test_the_counting_is_read_from_prepare_inputs(
     source: str, counting: DraftCounting | None
 ) -> None:
-    from vllm_graphsafe.fixes.v1_phase_dispatch.early import recognise_draft_counting
+    from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
 
     assert recognise_draft_counting(ast.parse(source)) == counting

@@ -61,7 +61,6 @@ def test_building_a_wheel_from_a_checkout_writes_nothing_into_it(
     assert {
         "vllm_graphsafe/py.typed",
         "vllm_graphsafe/data/releases.json",
-        "vllm_graphsafe/data/verdicts.json",
         "vllm_graphsafe/local_engine/launcher.py",
     } <= names
     assert any(name.endswith("dist-info/entry_points.txt") for name in names)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from vllm_graphsafe import catalogue
-from vllm_graphsafe.fixes import all_patches
+from vllm_graphsafe.fixes import Fix, all_fixes
+from vllm_graphsafe.releases import verified_releases
 from vllm_graphsafe.releases import release_table
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -95,15 +96,14 @@ def _sweep_passed(row: dict[str, Any], patch_id: str) -> bool:
 
 def test_verified_releases_come_from_the_release_table() -> None:
     rows = json.loads(RELEASES.read_text())["rows"]
-    for patch in all_patches():
+    for fix in all_fixes():
         expected = tuple(
             f"{row['distribution']} {row['version']}"
             for row in rows
-            if patch.id in row["patches"]
-            and (row["ci"] or _sweep_passed(row, patch.id))
+            if fix.id in row["patches"] and (row["ci"] or _sweep_passed(row, fix.id))
         )
-        assert patch.verified_on == expected
-        assert expected, f"{patch.id} is verified nowhere"
+        assert verified_releases(fix.id) == expected
+        assert expected, f"{fix.id} is verified nowhere"
 
 
 def test_a_failing_sweep_row_verifies_nothing() -> None:
@@ -132,15 +132,12 @@ def test_ci_releases_have_a_row_each() -> None:
     assert set(document["ci_releases"]) == labels
 
 
-@pytest.mark.parametrize("patch", all_patches(), ids=lambda p: p.id)
-def test_every_fact_is_declared_and_rendered(patch: object) -> None:
-    from vllm_graphsafe.registry import Patch
-
-    assert isinstance(patch, Patch)
-    for fact in ("id", "title", "what", "why", "binds_to", "delete_when"):
-        assert getattr(patch, fact), f"{patch.id} declares no {fact}"
-    assert patch.upstream
+@pytest.mark.parametrize("fix", all_fixes(), ids=lambda f: f.id)
+def test_every_fact_is_declared_and_rendered(fix: Fix) -> None:
+    for fact in ("id", "title", "what", "why", "binds_to", "delete_when", "absent"):
+        assert getattr(fix, fact), f"{fix.id} declares no {fact}"
+    assert fix.upstream
     text = catalogue.render_text()
-    assert f"{patch.id}: {patch.title}" in text
-    for reference in patch.upstream:
+    assert f"{fix.id}: {fix.title}" in text
+    for reference in fix.upstream:
         assert reference in text

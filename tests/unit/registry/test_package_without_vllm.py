@@ -26,8 +26,8 @@ def test_importing_the_package_imports_no_vllm() -> None:
     result = run_python(
         "import sys\n"
         "import vllm_graphsafe, vllm_graphsafe.plugin, vllm_graphsafe.cli.main\n"
-        "import vllm_graphsafe.fixes\n"
-        "vllm_graphsafe.fixes.all_patches()\n"
+        "import vllm_graphsafe.registry\n"
+        "vllm_graphsafe.registry.all_patches()\n"
         "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))"
     )
     assert result.returncode == 0, result.stderr

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe import fixes
 from vllm_graphsafe.behaviour.judgement import READING
-from vllm_graphsafe.fixes.v1_dummy_staging.hooks import V1DummyStagingPatch
-from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import V1PhaseDispatchPatch
-from vllm_graphsafe.registry import Patch, PatchState, SourceReader
+from vllm_graphsafe.judging import judge
+from vllm_graphsafe.registry import Patch
 from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState
 
 INPUT_BATCH = """
 class InputBatch:
@@ -98,8 +100,16 @@ def tree(tmp_path: Path, **code: str) -> SourceReader:
     return SourceReader(root=tmp_path)
 
 
+def V1PhaseDispatchPatch() -> Patch:
+    return Patch(fixes.get("v1-phase-dispatch"))
+
+
+def V1DummyStagingPatch() -> Patch:
+    return Patch(fixes.get("v1-dummy-staging"))
+
+
 def decide(patch: Patch, sources: SourceReader) -> Patch:
-    patch.decide(read_settings({}), sources)
+    patch.decide(read_settings({}), judge(patch.fix, sources))
     return patch
 
 

@@ -22,22 +22,25 @@ from vllm_graphsafe.behaviour.judgement import (
     Outcome,
     judge_cases,
 )
-from vllm_graphsafe.registry import (
+from vllm_graphsafe.fixes import Fix
+from vllm_graphsafe.hook_points import (
     HookPoint,
     OnFailure,
-    Patch,
-    PatchFailedError,
-    PatchState,
-    Registry,
     ReplaceHook,
-    Requirement,
-    SetsAttribute,
-    SourceReader,
-    TakesParameters,
     WrapHook,
     is_hooked,
 )
+from vllm_graphsafe.judging import (
+    FixJudge,
+    Layout,
+    Requirement,
+    SetsAttribute,
+    TakesParameters,
+)
+from vllm_graphsafe.registry import Patch, PatchFailedError, Registry
 from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState, Point
 
 TARGET_SOURCE = """
 def helper(value):
@@ -78,26 +81,62 @@ def phase_classify(
     return "phase"
 
 
+FAKE_FIX = Fix(
+    id="fake-fix",
+    title="fake",
+    what="a fake fix",
+    why="tests the registry",
+    binds_to="Runner.classify",
+    upstream=(),
+    delete_when="never",
+    commit_subject="fake",
+    anchor="",
+    absent="this vLLM has no fake runner",
+    package=__name__,
+)
+
+
 class FakePatch(Patch):
+    """A fix whose hooks wrap ``qualnames`` of ``module`` and its ``helper``
+    (called from ``Runner.step``); native where its runner's ``classify``
+    answers ``native_answer``."""
+
     def __init__(
         self, module: str, qualnames: tuple[str, ...] = ("Runner.classify",), **kw: Any
     ) -> None:
-        super().__init__(id="fake-fix", title="fake", anchor_module=module)
+        super().__init__(FAKE_FIX._replace(anchor=module))
         self.module = module
         self.qualnames = qualnames
         self.native_answer = kw.get("native_answer")
+
+    def parts(self) -> FixJudge:
+        return FixJudge(
+            native_summary="the fake runner classifies by phase",
+            behaviour=self.behaviour,
+            native_reason=lambda sources: None,
+            points=self.points,
+            reads=self.reads,
+            live=self.live_behaviour_of_imported,
+        )
+
+    def points(self, layout: Layout) -> list[Point]:
+        return [
+            *(Point(self.module, name, "classify") for name in self.qualnames),
+            Point(self.module, "helper", "helper", caller="Runner.step"),
+        ]
+
+    def reads(self, layout: Layout) -> list[Requirement]:
+        return []
+
+    def live_behaviour_of_imported(self) -> Evidence | None:
+        return None
 
     def hook_points(self) -> list[HookPoint]:
         hooks: list[HookPoint] = [
             WrapHook(self.module, name, phase_classify) for name in self.qualnames
         ]
-        hooks.append(
-            WrapHook(self.module, "helper", double_result, caller="Runner.step")
-        )
+        hooks.append(WrapHook(self.module, "helper", double_result))
         return hooks
-
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return None
 
     def behaviour(self, sources: SourceReader) -> Evidence | None:
         """One case: the runner's own ``classify`` (compiled from its source)
@@ -280,7 +319,7 @@ class InlinePatch(FakePatch):
     def hook_points(self) -> list[HookPoint]:
         return [
             ReplaceHook(self.module, "Runner.classify", self.factory),
-            WrapHook(self.module, "helper", double_result, caller="Runner.step"),
+            WrapHook(self.module, "helper", double_result),
         ]
 
 
@@ -417,7 +456,7 @@ class ReadingPatch(InlinePatch):
         super().__init__(module)
         self.requirement = requirement
 
-    def reads(self) -> list[Requirement]:
+    def reads(self, layout: Layout) -> list[Requirement]:
         return [self.requirement]
 
 
@@ -493,7 +532,7 @@ class LiveDisagrees(FakePatch):
     """Native by its source, but the imported class answers otherwise (a
     platform's or another plugin's replacement)."""
 
-    def live_behaviour(self) -> Evidence | None:
+    def live_behaviour_of_imported(self) -> Evidence | None:
         module = sys.modules[self.module]
         answer = module.Runner().classify(0)
         case = Case("classify(0) on the imported class", Expect.HOLDS, answer)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from vllm_graphsafe.backport.tree import Tree
-from vllm_graphsafe.fixes.replay_guard import backport, hooks
-from vllm_graphsafe.registry import SourceReader
+from vllm_graphsafe.fixes.replay_guard import backport, judge
+from vllm_graphsafe.sources import SourceReader
 
 FORWARD_CONTEXT = """
 from dataclasses import dataclass
@@ -149,18 +149,18 @@ def backported(root: Path) -> Path:
 @pytest.mark.parametrize("mrv2", [False, True])
 def test_a_pristine_replay_needs_the_guard(tmp_path: Path, mrv2: bool) -> None:
     root = write_tree(tmp_path, mrv2=mrv2)
-    assert hooks.native_reason(SourceReader(root=root)) is None
+    assert judge.native_reason(SourceReader(root=root)) is None
 
 
 def test_an_assert_at_the_replay_is_not_the_fix(tmp_path: Path) -> None:
     root = write_tree(tmp_path, check=ASSERTS)
-    assert hooks.native_reason(SourceReader(root=root)) is None
+    assert judge.native_reason(SourceReader(root=root)) is None
 
 
 @pytest.mark.parametrize("mrv2", [False, True])
 def test_the_backported_tree_reads_as_native(tmp_path: Path, mrv2: bool) -> None:
     root = backported(write_tree(tmp_path, mrv2=mrv2))
-    reason = hooks.native_reason(SourceReader(root=root))
+    reason = judge.native_reason(SourceReader(root=root))
     assert reason is not None and "without the FULL graph" in reason
 
 
@@ -183,4 +183,4 @@ def test_only_the_v1_half_backported_is_not_native(tmp_path: Path) -> None:
     mixed = write_tree(tmp_path / "mixed", mrv2=True)
     wrapper = "vllm/compilation/cuda_graph.py"
     (mixed / wrapper).write_text((root / wrapper).read_text(), encoding="utf-8")
-    assert hooks.native_reason(SourceReader(root=mixed)) is None
+    assert judge.native_reason(SourceReader(root=mixed)) is None

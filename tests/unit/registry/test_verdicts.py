@@ -7,7 +7,6 @@ fix's state an operator reads.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -16,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe import registry, shipped_verdicts, vllm_layout
-from vllm_graphsafe.fixes import all_patches
-from vllm_graphsafe.registry import PatchState, Registry
+from vllm_graphsafe import registry, vllm_layout
+from vllm_graphsafe.registry import Registry, all_patches
 from vllm_graphsafe.settings import read_settings
-from vllm_graphsafe.verdicts import cache_directory
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import PatchState, cache_directory
 
 V1 = "v1-phase-dispatch"
 RUNNER_FILE = Path(*vllm_layout.V1_RUNNER.split(".")).with_suffix(".py")
@@ -226,113 +225,23 @@ def test_the_default_place_follows_xdg_cache_home(tmp_path: Path) -> None:
     )
 
 
-def test_yes_no_answers_are_kept_for_the_hooks_that_bind_later(
-    release: Path, cache: Path, judgements: list[str]
+def test_a_kept_verdict_is_all_the_hooks_need(
+    release: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The process that imports the runner asks the hooks' questions again."""
+    """The process that imports the runner binds the hooks from the kept
+    verdict: vLLM's source is not parsed again there."""
     write_runner(release, SHAPE)
-    states(cache)
-    reader = registry.SourceReader()
-    for patch in all_patches():
-        registry.judged(patch, reader, registry.verdict_cache(str(cache), reader))
-    judgements.clear()
-    assert reader.defines(vllm_layout.V1_RUNNER, "GPUModelRunner._is_uniform_decode")
-    assert judgements == [], "a kept answer was worked out again"
+    first = states(cache)
 
+    def refuse(reader: object, module: str) -> None:
+        raise AssertionError(f"{module} was parsed again")
 
-# -- the verdicts this package ships ------------------------------------------------
-
-
-@pytest.fixture
-def shipped_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where the package's shipped table is read from, empty to begin with."""
-    table = tmp_path / "shipped.json"
-    monkeypatch.setattr(shipped_verdicts, "SHIPPED_FILE", table)
-    return table
-
-
-def ship(table: Path, **changes: object) -> None:
-    """Judge the release now on ``sys.path`` and ship its verdicts in ``table``."""
-    judged = shipped_verdicts.judge_installed("vllm==test", all_patches())
-    document = shipped_verdicts.table(judged, shipped_verdicts.rules_digest())
-    table.write_text(json.dumps({**document, **changes}))
-
-
-def origins(cache: Path | str) -> dict[str, str | None]:
+    monkeypatch.setattr(SourceReader, "tree", refuse)
     patches = Registry(all_patches())
     patches.apply_all(read_settings({"GRAPHSAFE_CACHE_DIR": str(cache)}))
-    return {patch.id: patch.verdict_origin for patch in patches.patches}
-
-
-def test_a_shipped_verdict_spares_the_first_process_the_judgement(
-    release: Path, cache: Path, shipped_table: Path, judgements: list[str]
-) -> None:
-    write_runner(release, NATIVE)
-    ship(shipped_table)
-    judgements.clear()
-    assert states(cache)[V1] == PatchState.NATIVE.value
-    assert judgements == [], "the first process judged a release whose verdicts ship"
-    assert set(origins(cache).values()) == {"kept"}, "the shipped verdict was not kept"
-
-
-def test_a_shipped_verdict_is_not_used_for_other_bytes(
-    release: Path, cache: Path, shipped_table: Path
-) -> None:
-    runner = write_runner(release, NATIVE)
-    ship(shipped_table)
-    runner.write_text(SHAPE)  # same size: a build of the same release, edited
-    assert origins(cache)[V1] == "judged"
-    assert states(Path("off"))[V1] != PatchState.NATIVE.value
-
-
-def test_a_shipped_verdict_is_not_used_for_a_module_that_appeared(
-    release: Path, cache: Path, shipped_table: Path
-) -> None:
-    ship(shipped_table)  # judged with no runner module
-    write_runner(release, NATIVE)
-    assert states(cache)[V1] == PatchState.NATIVE.value
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        {"rules": "0" * 64},
-        {"format": 0},
-        {"verdicts": [{"patch": V1}]},
-        {"verdicts": "all native"},
-    ],
-    ids=["other rules", "other format", "damaged entry", "not a list"],
-)
-def test_a_table_of_other_rules_or_damaged_is_not_used(
-    release: Path,
-    cache: Path,
-    shipped_table: Path,
-    judgements: list[str],
-    damage: dict[str, object],
-) -> None:
-    write_runner(release, NATIVE)
-    ship(shipped_table, **damage)
-    judgements.clear()
-    assert set(origins(cache).values()) == {"judged"}
-    assert judgements, "a table it cannot trust was used"
-
-
-@pytest.mark.parametrize(
-    "damage", [b"", b"{", b"\x00" * 40], ids=["empty", "cut", "binary"]
-)
-def test_an_unreadable_table_is_not_used(
-    release: Path, cache: Path, shipped_table: Path, damage: bytes
-) -> None:
-    write_runner(release, NATIVE)
-    shipped_table.write_bytes(damage)
-    assert states(cache)[V1] == PatchState.NATIVE.value
-
-
-def test_off_uses_no_shipped_verdict(
-    release: Path, shipped_table: Path, judgements: list[str]
-) -> None:
-    write_runner(release, NATIVE)
-    ship(shipped_table)
-    judgements.clear()
-    assert set(origins("off").values()) == {"judged"}
-    assert judgements
+    assert patches.states() == first
+    v1 = patches.get(V1)
+    assert v1.verdict_origin == "kept"
+    assert [hook.qualname for hook in v1.hook_points()] == [
+        "GPUModelRunner._is_uniform_decode"
+    ]

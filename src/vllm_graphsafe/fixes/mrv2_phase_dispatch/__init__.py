@@ -8,6 +8,7 @@ rows it reads are shared with the V1 fix (``fixes.phase_rows``).
 
 from __future__ import annotations
 
+from vllm_graphsafe.vllm_layout import MRV2_RUNNER
 from vllm_graphsafe.fixes.fix import Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 
@@ -48,6 +49,7 @@ FIX = Fix(
         "the oldest supported vLLM has vllm-project/vllm#51865 "
         "(released in 0.28): MRV2 classifies by request phase"
     ),
+    anchor=MRV2_RUNNER,
     absent=(
         "this vLLM has no Model Runner V2, the code this fixes"
     ),

@@ -30,9 +30,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_graphsafe import counts, recognition
-from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.mrv2_phase_dispatch import DRAFT_EVENT_PREFIX, FIX
+from vllm_graphsafe.fixes.mrv2_phase_dispatch.judge import (
+    DRAFT_COUNT_ROLE,
+    DRAFT_STEP_ROLE,
+    PRE_STEP_QUESTION,
+    PRE_STEP_ROLE,
+    SHAPE_RULE,
+    TARGET_COUNT_ROLE,
+    TARGET_STEP_ROLE,
+)
 from vllm_graphsafe.fixes.phase_events import (
     DUMMY,
     KEPT_OFF_DECODE,
@@ -41,84 +49,10 @@ from vllm_graphsafe.fixes.phase_events import (
 )
 from vllm_graphsafe.fixes.phase_rows import PrefillColumns
 from vllm_graphsafe.forwarding import publishing_method
-from vllm_graphsafe.registry import (
-    HookPoint,
-    OnFailure,
-    Patch,
-    ReplaceHook,
-    Requirement,
-    SetsAttribute,
-    SourceReader,
-    TakesParameters,
-    unhooked,
-)
-from vllm_graphsafe.vllm_layout import (
-    MRV2_AUTOREGRESSIVE_SPECULATOR,
-    MRV2_EAGLE_SPECULATOR,
-    MRV2_INPUT_BATCH,
-    MRV2_MULTI_MODULE_MTP_SPECULATOR,
-    MRV2_RUNNER,
-    MRV2_RUNNER_CLASS,
-    MRV2_SPECULATORS,
-    MRV2_STATES,
-)
+from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
+from vllm_graphsafe.verdicts import Verdict
 
 PATCH_ID = FIX.id
-RUNNER_MODULE = MRV2_RUNNER
-RUNNER_STEP = "GPUModelRunner.execute_model"
-#: The shape rule, wrapped by name in each module that calls it.
-SHAPE_RULE = "get_uniform_token_count"
-#: Calls in ``execute_model`` that mean the release classifies by phase itself.
-_NATIVE_MARKERS = (
-    "gather_batch_req_state",
-    "get_uniform_decode_token_count",
-    "_get_uniform_decode_token_count",
-)
-
-
-class DraftPrefillDispatcher(NamedTuple):
-    """A speculator whose ``propose`` classifies the draft prefill by shape."""
-
-    module: str
-    propose: str
-    layout: str
-    #: Hooked only in releases without this module (an older layout).
-    only_without: str | None = None
-
-
-#: Every speculator module known to compute ``get_uniform_token_count`` for its
-#: draft prefill. Hook points exist only for those of the installed release.
-DRAFT_PREFILL_DISPATCHERS = (
-    # Before the autoregressive split (e.g. 0.20, 0.22) Eagle and MTP run
-    # here; from 0.24 on this module only subclasses the autoregressive one.
-    DraftPrefillDispatcher(
-        MRV2_EAGLE_SPECULATOR,
-        "EagleSpeculator.propose",
-        "eagle/ (releases before the autoregressive/ split)",
-        only_without=MRV2_AUTOREGRESSIVE_SPECULATOR,
-    ),
-    # 0.24-0.27: Eagle, MTP and Gemma4 MTP subclass this one.
-    DraftPrefillDispatcher(
-        MRV2_AUTOREGRESSIVE_SPECULATOR,
-        "AutoRegressiveSpeculator.propose",
-        "autoregressive/ (0.24-0.27)",
-    ),
-    DraftPrefillDispatcher(
-        MRV2_MULTI_MODULE_MTP_SPECULATOR,
-        "MultiModuleMTPSpeculator.propose",
-        "multi_module_mtp/ (0.24-0.27)",
-    ),
-)
-
-
-def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatcher]:
-    """The draft-prefill dispatchers of the installed release's layout."""
-    return [
-        dispatcher
-        for dispatcher in DRAFT_PREFILL_DISPATCHERS
-        if sources.exists(dispatcher.module)
-        and not (dispatcher.only_without and sources.exists(dispatcher.only_without))
-    ]
 
 
 # -- the step being classified ------------------------------------------------
@@ -131,14 +65,6 @@ Step = tuple[Any, Any, Any]
 ShapeCount = Callable[[int, int, int], "int | None"]
 #: ``get_uniform_token_count``'s parameters; a release that differs is not patched.
 _SHAPE_COUNT_PARAMETERS = ("num_reqs", "num_tokens", "max_query_len")
-
-STATES_MODULE = MRV2_STATES
-INPUT_BATCH_MODULE = MRV2_INPUT_BATCH
-#: The batch's own pre-step phase column (0.22-0.27).
-BATCH_PHASE_COLUMN = "is_prefilling_np"
-#: vLLM's pre-step phase question, asked in ``prepare_inputs`` (0.20).
-PRE_STEP_QUESTION = "RequestState.any_prefills"
-PREPARE_INPUTS = "GPUModelRunner.prepare_inputs"
 
 _TARGET_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "graphsafe_mrv2_target_step", default=None
@@ -349,15 +275,6 @@ def pre_step_phase_reader() -> InPrefill:
     return batch_was_in_prefill
 
 
-def batch_lacks_phase_column(sources: SourceReader) -> bool:
-    """The 0.20 layout: no phase column in the input batch, but vLLM's own
-    pre-step question in ``prepare_inputs``. Any other layout is read as one
-    whose batch carries the column (and fails naming it when it does not)."""
-    if sources.sets_attribute(INPUT_BATCH_MODULE, "InputBatch", BATCH_PHASE_COLUMN):
-        return False
-    return sources.calls(RUNNER_MODULE, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
-
-
 # -- the phase-aware count ----------------------------------------------------
 
 
@@ -443,131 +360,23 @@ bind_draft_count_pre_step = _phase_aware_count(
 )
 
 
-def native_reason(sources: SourceReader) -> str | None:
-    """``execute_model`` calls upstream's phase-aware classification."""
-    if all(
-        sources.mentions(RUNNER_MODULE, RUNNER_STEP, marker) is False
-        for marker in _NATIVE_MARKERS
-    ):
-        return None  # names none of them: not parsed
-    node = sources.function_node(RUNNER_MODULE, RUNNER_STEP)
-    if node is None:
-        return None
-    for marker in _NATIVE_MARKERS:
-        if recognition.calls_name(node, marker):
-            return (
-                f"{RUNNER_STEP} classifies by request phase ({marker}, "
-                "vllm-project/vllm#51865)"
-            )
-    return None
-
-
-class MRV2PhaseDispatchPatch(Patch):
-    def __init__(self) -> None:
-        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
-
-    def hook_points(self) -> list[HookPoint]:
-        hooks: list[HookPoint] = [
-            ReplaceHook(RUNNER_MODULE, RUNNER_STEP, bind_target_step),
-            ReplaceHook(
-                RUNNER_MODULE, SHAPE_RULE, bind_target_count, caller=RUNNER_STEP
-            ),
-        ]
-        dispatchers = draft_prefill_dispatchers(self.sources)
-        draft_count = bind_draft_count
-        if dispatchers and batch_lacks_phase_column(self.sources):
-            draft_count = bind_draft_count_pre_step
-            hooks.append(
-                ReplaceHook(STATES_MODULE, PRE_STEP_QUESTION, bind_pre_step_answers)
-            )
-        for dispatcher in dispatchers:
-            hooks += [
-                ReplaceHook(dispatcher.module, dispatcher.propose, bind_draft_step),
-                ReplaceHook(
-                    dispatcher.module,
-                    SHAPE_RULE,
-                    draft_count,
-                    caller=dispatcher.propose,
-                ),
-            ]
-        return hooks
-
-    def reads(self) -> list[Requirement]:
-        reads: list[Requirement] = [
-            SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "req_states", SHAPE_RULE)
-        ]
-        reads += [
-            SetsAttribute(STATES_MODULE, "RequestState", name, SHAPE_RULE)
-            for name in (
-                "req_id_to_index",
-                "num_computed_prefill_tokens",
-                "prefill_len",
-            )
-        ]
-        if not draft_prefill_dispatchers(self.sources):
-            return reads
-        if batch_lacks_phase_column(self.sources):
-            reads += [
-                SetsAttribute(
-                    INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE
-                ),
-                TakesParameters(
-                    STATES_MODULE,
-                    PRE_STEP_QUESTION,
-                    ("idx_mapping_np",),
-                    SHAPE_RULE,
-                ),
-            ]
-        else:
-            reads += [
-                SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", name, SHAPE_RULE)
-                for name in ("num_reqs", BATCH_PHASE_COLUMN)
-            ]
-        return reads
-
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return native_reason(sources)
-
-    native_summary = (
-        "Model Runner V2's target and draft-prefill dispatch keep prompt chunks "
-        "off the FULL decode graph"
+def hook_points(verdict: Verdict) -> list[HookPoint]:
+    """The runner's step and count; each speculator's draft-prefill step and
+    count; where the batch has no phase column (0.20), vLLM's pre-step answer
+    remembered for the draft prefill."""
+    draft_count = (
+        bind_draft_count_pre_step
+        if verdict.layout["pre_step_answers"]
+        else bind_draft_count
     )
-
-    def behaviour(self, sources: SourceReader) -> Evidence | None:
-        from vllm_graphsafe.fixes.mrv2_phase_dispatch import behaviour
-
-        return behaviour.judge_source(sources)
-
-    def live_modules(self) -> list[str]:
-        return [
-            RUNNER_MODULE,
-            MRV2_INPUT_BATCH,
-            *(m for m, _ in MRV2_SPECULATORS if self.sources.exists(m)),
-        ]
-
-    def confirm_behaviour(self) -> Evidence | None:
-        """The target's cases alone (the draft's would be compiled from the
-        same source the verdict was judged on): about a millisecond."""
-        return self.live_behaviour(draft=False)
-
-    def live_behaviour(self, draft: bool = True) -> Evidence | None:
-        classes: dict[tuple[str, str], type] = {}
-        for module, owner in ((RUNNER_MODULE, MRV2_RUNNER_CLASS), *MRV2_SPECULATORS):
-            found = getattr(sys.modules.get(module), owner, None)
-            if isinstance(found, type):
-                classes[(module, owner)] = unhooked(found)
-        if (RUNNER_MODULE, MRV2_RUNNER_CLASS) not in classes:
-            return None
-        input_batch = getattr(sys.modules.get(MRV2_INPUT_BATCH), "InputBatch", None)
-        from vllm_graphsafe.fixes.mrv2_phase_dispatch import behaviour
-
-        return behaviour.judge_live(
-            classes,
-            input_batch if isinstance(input_batch, type) else None,
-            SourceReader(),
-            draft=draft,
-        )
-
-
-def make_patch() -> MRV2PhaseDispatchPatch:
-    return MRV2PhaseDispatchPatch()
+    factories = {
+        TARGET_STEP_ROLE: bind_target_step,
+        TARGET_COUNT_ROLE: bind_target_count,
+        PRE_STEP_ROLE: bind_pre_step_answers,
+        DRAFT_STEP_ROLE: bind_draft_step,
+        DRAFT_COUNT_ROLE: draft_count,
+    }
+    return [
+        ReplaceHook(point.module, point.qualname, factories[point.role])
+        for point in verdict.points
+    ]

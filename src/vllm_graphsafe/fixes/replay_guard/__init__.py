@@ -18,6 +18,7 @@ replay), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
+from vllm_graphsafe.vllm_layout import CUDA_GRAPH
 from vllm_graphsafe.fixes.fix import Fix
 
 #: A FULL decode graph replayed over a step whose metadata holds no prefill.
@@ -63,6 +64,7 @@ FIX = Fix(
         "vLLM's FULL-graph replay itself runs a step whose attention "
         "metadata holds a prefill without the decode graph"
     ),
+    anchor=CUDA_GRAPH,
     absent=(
         "this vLLM has no CUDA-graph wrapper, where this guard sits"
     ),

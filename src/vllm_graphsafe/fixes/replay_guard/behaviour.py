@@ -191,9 +191,9 @@ def judge_source(sources: SourceReader) -> Evidence:
         # Where the wrapper already fails a case (or could not run one), what
         # Model Runner V2's sites say cannot make the tree native.
         return evidence
-    from vllm_graphsafe.fixes.replay_guard import mrv2
+    from vllm_graphsafe.fixes.replay_guard.judge import mrv2_native_reason
 
-    if not mrv2.native_reason(sources):
+    if not mrv2_native_reason(sources):
         return evidence._replace(
             failed="Model Runner V2 replays its decode graphs unguarded (read: its "
             "replay sites hand no step holding a prefill to its eager path)",

@@ -27,35 +27,20 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import counts
-from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX, REPLAYED
-from vllm_graphsafe.fixes.replay_guard.common import (
-    WARN_ONCE,
-    reads_prefill_counts,
-    stores_attribute,
+from vllm_graphsafe.fixes.replay_guard.common import WARN_ONCE
+from vllm_graphsafe.fixes.replay_guard.judge import (
+    REPLAY_ROLE,
+    TARGET_REPLAY_ROLE,
+    WRAPPER_CALL,
+    WRAPPER_ROLE,
 )
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
-from vllm_graphsafe.registry import (
-    HookPoint,
-    OnFailure,
-    Patch,
-    ReplaceHook,
-    Requirement,
-    SetsAttribute,
-    SourceReader,
-)
-from vllm_graphsafe.vllm_layout import (
-    COMPILATION_CONFIG,
-    CUDA_GRAPH,
-    CUDA_GRAPH_WRAPPER_CLASS,
-    FORWARD_CONTEXT,
-    MRV2_RUNNER,
-    load_name,
-)
+from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
+from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, FORWARD_CONTEXT, load_name
 
 PATCH_ID = FIX.id
-WRAPPER_MODULE = CUDA_GRAPH
-WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
 #: The batch descriptor's flag of a uniform (decode) batch, by release.
 UNIFORM_FLAGS = ("uniform", "uniform_decode")
 _READING = (
@@ -164,75 +149,17 @@ def _shape(reader: GroupPrefills, context: Any) -> str:
     )
 
 
-def native_reason(sources: SourceReader) -> str | None:
-    """vLLM's own FULL replay runs a step holding a prefill without the graph.
+def hook_points(verdict: Verdict) -> list[HookPoint]:
+    """Every FULL ``CUDAGraphWrapper``'s call; where Model Runner V2 exists,
+    its managers' replays (:mod:`.mrv2`)."""
+    from vllm_graphsafe.fixes.replay_guard import mrv2
 
-    No release does: an assert or a raise at the replay (as discussed in
-    vllm-project/vllm#55123) stops the server and is not this fix. Native only
-    where ``CUDAGraphWrapper.__call__`` switches the forward context's mode
-    (to run its runnable without the graph) and reads the builders'
-    ``num_prefills`` (itself or through a function of its module), and, where
-    Model Runner V2 exists, its step does the same (:func:`.mrv2.native_reason`).
-    When unsure: needed.
-    """
-    call = sources.function_node(WRAPPER_MODULE, WRAPPER_CALL)
-    if call is None or not stores_attribute(call, "cudagraph_runtime_mode"):
-        return None
-    if not reads_prefill_counts(sources, (WRAPPER_MODULE,), call):
-        return None
-    if sources.exists(MRV2_RUNNER):
-        from vllm_graphsafe.fixes.replay_guard import mrv2
-
-        if mrv2.native_reason(sources) is None:
-            return None
-    return (
-        f"{WRAPPER_CALL} runs a step whose attention metadata holds a prefill "
-        "without the FULL graph"
-    )
-
-
-class ReplayGuardPatch(Patch):
-    def __init__(self) -> None:
-        super().__init__(**FIX.catalogue_facts(), anchor_module=WRAPPER_MODULE)
-
-    def hook_points(self) -> list[HookPoint]:
-        hooks: list[HookPoint] = [
-            ReplaceHook(WRAPPER_MODULE, WRAPPER_CALL, bind_guarded_wrapper_call)
-        ]
-        if self.sources.exists(MRV2_RUNNER):
-            from vllm_graphsafe.fixes.replay_guard import mrv2
-
-            hooks += mrv2.hook_points(self.sources)
-        return hooks
-
-    def reads(self) -> list[Requirement]:
-        reads: list[Requirement] = [
-            SetsAttribute(WRAPPER_MODULE, CUDA_GRAPH_WRAPPER_CLASS, name, WRAPPER_CALL)
-            for name in ("runtime_mode", "runnable")
-        ]
-        reads += [
-            SetsAttribute(FORWARD_CONTEXT, "ForwardContext", name, WRAPPER_CALL)
-            for name in ("cudagraph_runtime_mode", "batch_descriptor", "attn_metadata")
-        ]
-        if self.sources.exists(MRV2_RUNNER):
-            from vllm_graphsafe.fixes.replay_guard import mrv2
-
-            reads += mrv2.reads(self.sources)
-        return reads
-
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return native_reason(sources)
-
-    native_summary = (
-        "a FULL decode graph never replays over a step whose attention metadata "
-        "holds a prefill"
-    )
-
-    def behaviour(self, sources: SourceReader) -> Evidence | None:
-        from vllm_graphsafe.fixes.replay_guard import behaviour
-
-        return behaviour.judge_source(sources)
-
-
-def make_patch() -> ReplayGuardPatch:
-    return ReplayGuardPatch()
+    factories = {
+        WRAPPER_ROLE: bind_guarded_wrapper_call,
+        TARGET_REPLAY_ROLE: mrv2.bind_guarded_target_replay,
+        REPLAY_ROLE: mrv2.bind_guarded_replay,
+    }
+    return [
+        ReplaceHook(point.module, point.qualname, factories[point.role])
+        for point in verdict.points
+    ]

@@ -34,31 +34,14 @@ from vllm_graphsafe.fixes.replay_guard import (
     REPLAYED,
 )
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
-from vllm_graphsafe.registry import (
-    HookPoint,
-    OnFailure,
-    ReplaceHook,
-    Requirement,
-    SourceReader,
-)
-from vllm_graphsafe.vllm_layout import (
-    COMPILATION_CONFIG,
-    CUDA_GRAPH,
-    MRV2_CUDAGRAPH_UTILS,
-    MRV2_RUNNER,
-    load_name,
-)
+from vllm_graphsafe.fixes.replay_guard.judge import REPLAY, RUNNER_STEP
+from vllm_graphsafe.hook_points import OnFailure
+from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, load_name
 
 if TYPE_CHECKING:
     from vllm_graphsafe.fixes.replay_guard.eager_branch import Site
 
 PATCH_ID = FIX.id
-MANAGER_MODULE = MRV2_CUDAGRAPH_UTILS
-#: The target model's replay, called by ``execute_model``.
-TARGET_REPLAY = "ModelCudaGraphManager.run_fullgraph"
-#: Every manager's replay (the speculators' managers inherit it).
-REPLAY = "CudaGraphManager.run_fullgraph"
-RUNNER_STEP = "GPUModelRunner.execute_model"
 #: The step whose replay is the target's; any other site is a draft's.
 TARGET_SITE = RUNNER_STEP.rsplit(".", 1)[-1]
 _READING = (
@@ -172,94 +155,3 @@ def warn(reader: GroupPrefills, desc: Any, metadata: Any, site: Site) -> None:
             reader.prefill_counts(metadata),
         ),
     )
-
-
-class ReplaysInBranch(NamedTuple):
-    """``execute_model`` names its replay, the graph mode it tests and the
-    step's ``attn_metadata`` (checked without parsing it; the guard reads the
-    branch itself from the running code, and fails visibly where it cannot)."""
-
-    module: str
-    qualname: str
-
-    def missing(self, sources: SourceReader) -> str | None:
-        if not sources.defines(self.module, self.qualname):
-            return f"{self.module}.{self.qualname} is missing (read by {REPLAY})"
-        for word in (REPLAY.rsplit(".", 1)[-1], "cg_mode", METADATA_LOCAL):
-            named = sources.mentions(self.module, self.qualname, word)
-            if named is None:
-                return self._parsed(sources)
-            if not named:
-                return (
-                    f"{self.module}.{self.qualname} no longer names {word} "
-                    f"(read by {REPLAY})"
-                )
-        return None
-
-    def _parsed(self, sources: SourceReader) -> str | None:
-        from vllm_graphsafe.fixes.replay_guard.eager_branch import replay_branch
-
-        node = sources.function_node(self.module, self.qualname)
-        if node is None:
-            return f"{self.module}.{self.qualname} is missing (read by {REPLAY})"
-        if replay_branch(node) is None or METADATA_LOCAL not in _assigned_names(node):
-            return (
-                f"{self.module}.{self.qualname} no longer replays its FULL graph "
-                f"in an if/else on the graph mode beside {METADATA_LOCAL} "
-                f"(read by {REPLAY})"
-            )
-        return None
-
-
-def _assigned_names(node: Any) -> set[str]:
-    import ast
-
-    return {
-        child.id
-        for child in ast.walk(node)
-        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)
-    } | set(_parameters(node))
-
-
-def _parameters(node: Any) -> list[str]:
-    from vllm_graphsafe import recognition
-
-    return recognition.parameter_names(node)
-
-
-def hook_points(sources: SourceReader) -> list[HookPoint]:
-    return [
-        ReplaceHook(MANAGER_MODULE, TARGET_REPLAY, bind_guarded_target_replay),
-        ReplaceHook(MANAGER_MODULE, REPLAY, bind_guarded_replay),
-    ]
-
-
-def reads(sources: SourceReader) -> list[Requirement]:
-    return [ReplaysInBranch(MRV2_RUNNER, RUNNER_STEP)]
-
-
-def native_reason(sources: SourceReader) -> str | None:
-    """The step itself leaves the FULL graph when its metadata holds a prefill:
-    it reads ``num_prefills`` (itself or through a module function) and binds
-    the tested batch descriptor again before the replay's branch."""
-    from vllm_graphsafe.fixes.replay_guard.common import reads_prefill_counts
-    from vllm_graphsafe.fixes.replay_guard.eager_branch import replay_branch
-
-    node = sources.function_node(MRV2_RUNNER, RUNNER_STEP)
-    if node is None:
-        return None
-    branch = replay_branch(node)
-    modules = (MRV2_RUNNER, MANAGER_MODULE, CUDA_GRAPH)
-    if branch is None or not reads_prefill_counts(sources, modules, node):
-        return None
-    import ast
-
-    rebinds = sum(
-        isinstance(child, ast.Name)
-        and isinstance(child.ctx, ast.Store)
-        and child.id == branch.descriptor
-        for child in ast.walk(node)
-    )
-    if rebinds < 2:
-        return None
-    return f"{RUNNER_STEP} leaves the FULL graph when its metadata holds a prefill"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_graphsafe.vllm_layout import V1_RUNNER
 from vllm_graphsafe.fixes.fix import ExtraControl, Fix
 
 #: Dummy runs whose metadata the staging made consistent.
@@ -43,6 +44,7 @@ FIX = Fix(
     ),
     upstream=("vllm-project/vllm#54604",),
     delete_when="_dummy_run stages positions and computed lengths itself",
+    anchor=V1_RUNNER,
     absent=(
         "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
         "removed it, and Model Runner V2 runs every model"

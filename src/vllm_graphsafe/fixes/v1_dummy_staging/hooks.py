@@ -15,48 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe import counts, recognition
-from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.v1_dummy_staging import FIX, STAGED_DUMMY
+from vllm_graphsafe.fixes.v1_dummy_staging.judge import (
+    BUILD_METADATA,
+    DCP_HELPER,
+    DCP_HELPER_PARAMETERS,
+    DUMMY_RUN_ROLE,
+)
 from vllm_graphsafe.fixes.v1_dummy_staging.logic import stage_dummy_batch
-from vllm_graphsafe.registry import (
-    HookPoint,
-    OnFailure,
-    Patch,
-    ReplaceHook,
-    Requirement,
-    SetsAttribute,
-    SourceReader,
-    TakesParameters,
-    WrapHook,
-    unhooked,
-)
-from vllm_graphsafe.vllm_layout import (
-    V1_CP_UTILS,
-    V1_INPUT_BATCH,
-    V1_RUNNER,
-    V1_RUNNER_CLASS,
-)
+from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook, WrapHook
+from vllm_graphsafe.verdicts import Verdict
 
-RUNNER_MODULE = V1_RUNNER
-INPUT_BATCH_MODULE = V1_INPUT_BATCH
-CP_UTILS_MODULE = V1_CP_UTILS
-DUMMY_RUN = "GPUModelRunner._dummy_run"
-DCP_HELPER = "prepare_dcp_dummy_context_metadata"
-BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
 PATCH_ID = FIX.id
-
-#: The DCP helper's parameters the staging reads or replaces.
-DCP_HELPER_PARAMETERS = (
-    "positions",
-    "query_start_loc",
-    "num_reqs",
-    "num_tokens_unpadded",
-    "dcp_dummy_context_len",
-    "query_pos",
-)
-#: The metadata build's parameters the staging reads (releases before DCP staging).
-BUILD_METADATA_PARAMETERS = ("num_reqs", "num_tokens")
 
 _BUFFERS = (
     "the runner's optimistic_seq_lens_cpu, seq_lens, "
@@ -242,104 +213,17 @@ def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..
     return staged_metadata_build
 
 
-#: What upstream's fix stores into for the dummy rows: computed lengths, positions.
-_STAGED_COLUMNS = ("num_computed_tokens_cpu", "positions")
-
-
-def native_reason(sources: SourceReader) -> str | None:
-    """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
-    dummy_run = sources.function_node(RUNNER_MODULE, DUMMY_RUN)
-    if dummy_run is None:
-        return None
-    candidates = [DUMMY_RUN] + [
-        f"GPUModelRunner.{name}" for name in recognition.self_methods_called(dummy_run)
+def hook_points(verdict: Verdict) -> list[HookPoint]:
+    """``_dummy_run`` wrapped; the staging at the DCP helper (0.27+), else at
+    the build of the attention metadata."""
+    staging = (
+        bind_staged_dcp_helper
+        if verdict.layout["stages_at_dcp_helper"]
+        else bind_staged_metadata_build
+    )
+    return [
+        WrapHook(point.module, point.qualname, consistent_dummy_run)
+        if point.role == DUMMY_RUN_ROLE
+        else ReplaceHook(point.module, point.qualname, staging)
+        for point in verdict.points
     ]
-    for qualname in candidates:
-        if any(
-            sources.mentions(RUNNER_MODULE, qualname, column) is False
-            for column in _STAGED_COLUMNS
-        ):
-            continue  # cannot store into both columns: not parsed
-        node = sources.function_node(RUNNER_MODULE, qualname)
-        if node is not None and all(
-            recognition.stores_into_subscript_of(node, column)
-            for column in _STAGED_COLUMNS
-        ):
-            return f"{qualname} stages computed lengths and positions"
-    return None
-
-
-def stages_at_dcp_helper(sources: SourceReader) -> bool:
-    """0.27+: ``_dummy_run`` calls the DCP helper after staging ``seq_lens``."""
-    return sources.calls(RUNNER_MODULE, DUMMY_RUN, DCP_HELPER)
-
-
-class V1DummyStagingPatch(Patch):
-    def __init__(self) -> None:
-        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
-
-    def hook_points(self) -> list[HookPoint]:
-        staging: HookPoint
-        if stages_at_dcp_helper(self.sources):
-            staging = ReplaceHook(
-                RUNNER_MODULE, DCP_HELPER, bind_staged_dcp_helper, DUMMY_RUN
-            )
-        else:
-            staging = ReplaceHook(
-                RUNNER_MODULE, BUILD_METADATA, bind_staged_metadata_build, DUMMY_RUN
-            )
-        return [WrapHook(RUNNER_MODULE, DUMMY_RUN, consistent_dummy_run), staging]
-
-    def reads(self) -> list[Requirement]:
-        reads: list[Requirement] = [
-            SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, DUMMY_RUN)
-            for name in ("input_batch", "optimistic_seq_lens_cpu", "seq_lens")
-        ]
-        reads.append(
-            SetsAttribute(
-                INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
-            )
-        )
-        if stages_at_dcp_helper(self.sources):
-            reads.append(
-                TakesParameters(
-                    CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER
-                )
-            )
-        else:
-            reads += [
-                SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, BUILD_METADATA)
-                for name in ("query_start_loc", "positions")
-            ]
-            reads.append(
-                TakesParameters(
-                    RUNNER_MODULE,
-                    BUILD_METADATA,
-                    BUILD_METADATA_PARAMETERS,
-                    BUILD_METADATA,
-                )
-            )
-        return reads
-
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return native_reason(sources)
-
-    native_summary = "the V1 runner's dummy runs stage lengths and positions that agree"
-
-    def behaviour(self, sources: SourceReader) -> Evidence | None:
-        from vllm_graphsafe.fixes.v1_dummy_staging import behaviour
-
-        return behaviour.judge_source(sources)
-
-    def live_behaviour(self) -> Evidence | None:
-        runner = sys.modules.get(RUNNER_MODULE)
-        runner_class = getattr(runner, V1_RUNNER_CLASS, None)
-        if not isinstance(runner_class, type):
-            return None
-        from vllm_graphsafe.fixes.v1_dummy_staging import behaviour
-
-        return behaviour.judge_live(unhooked(runner_class))
-
-
-def make_patch() -> V1DummyStagingPatch:
-    return V1DummyStagingPatch()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_graphsafe.vllm_layout import V1_RUNNER
 from vllm_graphsafe.fixes.fix import ExtraControl, Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 
@@ -63,6 +64,7 @@ FIX = Fix(
         "vllm-project/vllm#53059",
     ),
     delete_when="the V1 runner's uniform-decode test reads each row's phase",
+    anchor=V1_RUNNER,
     absent=(
         "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
         "removed it, and Model Runner V2 runs every model"

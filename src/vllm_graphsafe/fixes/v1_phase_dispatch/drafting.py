@@ -1,6 +1,6 @@
-"""0.20-0.31: whether the runner's draft counts are written only on a step
-that schedules drafts. Asked by the hooks (what they read) and the cases (how
-the builders' column looks on a step after a drafting one)."""
+"""How a release's ``_prepare_inputs`` counts each row's drafts, read from
+its source: only on a step that schedules drafts (0.20-0.31), and by which
+test (:class:`~vllm_graphsafe.fixes.scheduled_rows.DraftCounting`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ast
 from collections.abc import Iterator
 
 from vllm_graphsafe import recognition
+from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
@@ -23,32 +24,16 @@ def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
     the speculative config); on any other step the column still holds the last
     drafting step's counts. Where the source says neither, assume so (the
     check it adds is exact either way)."""
-
-    def work() -> bool:
-        lines = sources.lines_naming(RUNNER_MODULE, _PREPARE_INPUTS, _DECISION)
-        if lines is not None:
-            assignments = [
-                assignment
-                for line in lines
-                for node in line
-                for assignment in _decisions(node)
-            ]
-            if len(assignments) <= 1:  # else: the first in the def's own order
-                return not assignments or _counts_from_scheduled(assignments[0])
-        prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
-        return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
-
-    return sources.kept_answer(
-        RUNNER_MODULE, "drafts_counted_when_drafting", (_PREPARE_INPUTS,), work
-    )
+    prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
+    return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
 
 
 def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
     """Whether this ``_prepare_inputs`` decides to count drafts from the step's
-    scheduled drafts; True where it says neither."""
-    for assignment in _decisions(prepare_inputs):
-        return _counts_from_scheduled(assignment)
-    return True
+    scheduled drafts (its first decision in the def's own order); True where
+    it says neither."""
+    decisions = sorted(_decisions(prepare_inputs), key=lambda a: (a.lineno, a.col_offset))
+    return not decisions or _counts_from_scheduled(decisions[0])
 
 
 def _decisions(node: ast.AST) -> Iterator[ast.Assign]:
@@ -65,3 +50,35 @@ def _counts_from_scheduled(decision: ast.Assign) -> bool:
     return "scheduled_spec_decode_tokens" in recognition.referenced_names(
         decision.value
     )
+
+
+_DRAFT_COLUMN = "num_decode_draft_tokens"
+
+
+def recognise_draft_counting(prepare_inputs: ast.AST) -> DraftCounting | None:
+    """How ``_prepare_inputs`` counts a row's drafts into ``num_decode_draft_tokens``.
+
+    The condition under which it stores a row's draft count compares either
+    the row's computed count with its prompt length, or its scheduled tokens
+    with its drafts; a later store of 0 marks zero-draft decodes. None when
+    neither (or both) conditions are found.
+    """
+    past_prompt = plus_one = zero_draft = False
+    for node in ast.walk(prepare_inputs):
+        if isinstance(node, ast.If) and any(
+            recognition.stores_into_subscript_of(statement, _DRAFT_COLUMN)
+            for statement in node.body
+        ):
+            tested = recognition.referenced_names(node.test)
+            past_prompt |= "num_prompt_tokens" in tested
+            plus_one |= "num_scheduled_tokens" in tested
+        elif (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value == 0
+            and recognition.stores_into_subscript_of(node, _DRAFT_COLUMN)
+        ):
+            zero_draft = True
+    if past_prompt == plus_one:
+        return None
+    return DraftCounting(past_prompt=past_prompt, zero_draft_decodes=zero_draft)

@@ -13,24 +13,20 @@ run. Every other worker keeps vLLM's own ``execute_model``.
 
 from __future__ import annotations
 
-import ast
 import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from vllm_graphsafe import recognition
 from vllm_graphsafe.fixes.scheduled_rows import (
     DraftCounting,
     scheduled_rows_are_decodes,
 )
-from vllm_graphsafe.registry import OnFailure, SourceReader
-from vllm_graphsafe.vllm_layout import V1_RUNNER
+from vllm_graphsafe.hook_points import OnFailure
 
 PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
 WORKER_EXECUTE = "Worker.execute_model"
 _WORKER_EXECUTE_NAME = WORKER_EXECUTE.rsplit(".", 1)[-1]
-_DRAFT_COLUMN = "num_decode_draft_tokens"
 READING_WORKER = (
     "Worker.model_runner (its parallel_config.pipeline_parallel_size and "
     "compilation_config.pass_config.enable_sp)"
@@ -125,24 +121,19 @@ def held_step(runner: Any) -> Any:
 
 class ScheduledStepRule:
     """Whether every row of the step a runner executes is a decode, read from
-    the step's scheduler output; the release's way of counting drafts is read
-    from its ``_prepare_inputs`` on first use (only where the worker
-    classifies early)."""
+    the step's scheduler output, with the release's way of counting drafts
+    (None where its ``_prepare_inputs`` counts them in a way this plugin does
+    not recognise: a step with drafts then fails the fix open)."""
 
-    def __init__(self, sources: SourceReader) -> None:
-        self.sources = sources
-        self._counting: DraftCounting | None = None
+    def __init__(self, counting: DraftCounting | None) -> None:
+        self._counting = counting
 
     def counting(self) -> DraftCounting:
         if self._counting is None:
-            prepare = self.sources.function_node(V1_RUNNER, PREPARE_INPUTS)
-            counting = None if prepare is None else recognise_draft_counting(prepare)
-            if counting is None:
-                raise LookupError(
-                    f"{PREPARE_INPUTS} counts draft tokens in a way this "
-                    "plugin does not recognise"
-                )
-            self._counting = counting
+            raise LookupError(
+                f"{PREPARE_INPUTS} counts draft tokens in a way this plugin "
+                "does not recognise"
+            )
         return self._counting
 
     def __call__(self, runner: Any, decode_query_len: int) -> bool:
@@ -178,32 +169,3 @@ def step_rows_are_decodes(
         num_drafts,
         counting,
     )
-
-
-def recognise_draft_counting(prepare_inputs: ast.AST) -> DraftCounting | None:
-    """How ``_prepare_inputs`` counts a row's drafts into ``num_decode_draft_tokens``.
-
-    The condition under which it stores a row's draft count compares either
-    the row's computed count with its prompt length, or its scheduled tokens
-    with its drafts; a later store of 0 marks zero-draft decodes. None when
-    neither (or both) conditions are found.
-    """
-    past_prompt = plus_one = zero_draft = False
-    for node in ast.walk(prepare_inputs):
-        if isinstance(node, ast.If) and any(
-            recognition.stores_into_subscript_of(statement, _DRAFT_COLUMN)
-            for statement in node.body
-        ):
-            tested = recognition.referenced_names(node.test)
-            past_prompt |= "num_prompt_tokens" in tested
-            plus_one |= "num_scheduled_tokens" in tested
-        elif (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant)
-            and node.value.value == 0
-            and recognition.stores_into_subscript_of(node, _DRAFT_COLUMN)
-        ):
-            zero_draft = True
-    if past_prompt == plus_one:
-        return None
-    return DraftCounting(past_prompt=past_prompt, zero_draft_decodes=zero_draft)

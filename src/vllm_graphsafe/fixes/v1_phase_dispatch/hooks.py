@@ -1,4 +1,5 @@
-"""V1 runner: a batch is uniform decode only when every request is past its prompt.
+"""V1 runner: a batch is uniform decode only when every scheduled row is a
+decode as the metadata builders see it.
 
 The fix's facts (what, why, upstream, removal) are in this folder's
 ``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
@@ -13,8 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from vllm_graphsafe import counts, recognition
-from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.phase_events import (
     DUMMY,
     KEPT_OFF_DECODE,
@@ -26,51 +26,24 @@ from vllm_graphsafe.fixes.phase_rows import (
     rows_have_prior_state,
     rows_past_prompt_with_drafts,
 )
+from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
-from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
-    draft_counts_only_on_drafting_steps,
-)
 from vllm_graphsafe.fixes.v1_phase_dispatch.early import (
-    WORKER_EXECUTE,
     ScheduledStepRule,
     classifies_before_state_update,
     hold_steps,
 )
-from vllm_graphsafe.registry import (
-    HookPoint,
-    OnFailure,
-    Patch,
-    ReplaceHook,
-    Requirement,
-    SetsAttribute,
-    SourceReader,
-    TakesParameters,
-    unhooked,
+from vllm_graphsafe.fixes.v1_phase_dispatch.judge import (
+    HOLD_STEPS_ROLE,
+    SHAPE_RULE,
+    SHAPE_RULE_ROLE,
 )
-from vllm_graphsafe.vllm_layout import (
-    COMPILATION_CONFIG,
-    PARALLEL_CONFIG,
-    SCHEDULER_OUTPUT,
-    V1_INPUT_BATCH,
-    V1_RUNNER,
-    V1_RUNNER_CLASS,
-    V1_WORKER,
-)
+from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
+from vllm_graphsafe.verdicts import Verdict
 
-RUNNER_MODULE = V1_RUNNER
-WORKER_MODULE = V1_WORKER
-INPUT_BATCH_MODULE = V1_INPUT_BATCH
-DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
-SHAPE_RULE = "GPUModelRunner._is_uniform_decode"
 PATCH_ID = FIX.id
 
 _SHAPE_RULE_NAME = SHAPE_RULE.rsplit(".", 1)[-1]
-_DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
-_PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
-_COMPUTED_NAMES = {"num_computed_tokens_cpu", "num_computed_tokens"}
-_PROMPT_NAMES = {"num_prompt_tokens"}
-_DRAFT_COUNT_NAMES = {"num_decode_draft_tokens"}
-_QUERY_LEN_NAMES = {"uniform_decode_query_len"}
 _READING = (
     "GPUModelRunner.num_decode_draft_tokens, GPUModelRunner.input_batch "
     "(num_computed_tokens_cpu, spec_token_ids; without the draft counts, "
@@ -78,23 +51,6 @@ _READING = (
     "or its parallel_config.pipeline_parallel_size / pass_config.enable_sp; "
     "under pipeline plus sequence parallelism, the step's scheduler output"
 )
-#: What the early path reads of a scheduler output, by class.
-_STEP_FIELDS = {
-    "SchedulerOutput": (
-        "num_scheduled_tokens",
-        "scheduled_spec_decode_tokens",
-        "scheduled_new_reqs",
-        "scheduled_cached_reqs",
-    ),
-    "NewRequestData": (
-        "req_id",
-        "num_computed_tokens",
-        "prompt_token_ids",
-        "prompt_embeds",
-    ),
-    "CachedRequestData": ("req_ids", "num_computed_tokens"),
-}
-
 #: The shape rule's parameters, in order; a release that differs is not patched.
 _SHAPE_RULE_PARAMETERS = (
     "max_num_scheduled_tokens",
@@ -121,11 +77,6 @@ def _static_shape_rule(original: Any) -> ShapeRule:
             f"{_SHAPE_RULE_PARAMETERS} this patch binds to"
         )
     return rule
-
-
-def worker_classifies_early(sources: SourceReader) -> bool:
-    """0.20-0.31: with pipeline + sequence parallel the worker calls the dispatch."""
-    return sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
 
 
 def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
@@ -289,125 +240,24 @@ def bind_phase_aware_shape_rule(
     )
 
 
-def native_reason(sources: SourceReader) -> str | None:
-    """The V1 runner's own classification reads each row's phase: it compares
-    computed with prompt lengths, or the builders' draft counts with the decode
-    query length."""
-    dispatch = sources.function_node(RUNNER_MODULE, DISPATCH)
-    candidates = [SHAPE_RULE, DISPATCH]
-    if dispatch is not None:
-        candidates += [
-            f"GPUModelRunner.{name}"
-            for name in recognition.self_methods_called(dispatch)
-        ]
-    for qualname in dict.fromkeys(candidates):
-        node = sources.function_node(RUNNER_MODULE, qualname)
-        if node is None:
-            continue
-        if recognition.compares_names(node, _COMPUTED_NAMES, _PROMPT_NAMES):
-            return f"{qualname} compares computed with prompt lengths"
-        if recognition.compares_names(node, _DRAFT_COUNT_NAMES, _QUERY_LEN_NAMES):
-            return f"{qualname} compares draft counts with the decode query length"
-    return None
-
-
-class V1PhaseDispatchPatch(Patch):
-    def __init__(self) -> None:
-        super().__init__(**FIX.catalogue_facts(), anchor_module=RUNNER_MODULE)
-
-    def hook_points(self) -> list[HookPoint]:
-        stale = draft_counts_only_on_drafting_steps(self.sources)
-        if not worker_classifies_early(self.sources):
-            return [
-                ReplaceHook(
-                    RUNNER_MODULE,
-                    SHAPE_RULE,
-                    functools.partial(
-                        bind_phase_aware_shape_rule, stale_draft_counts=stale
-                    ),
-                    caller=DISPATCH,
-                )
-            ]
-        factory = functools.partial(
+def hook_points(verdict: Verdict) -> list[HookPoint]:
+    """The shape rule replaced with the phase-aware one; where the worker
+    classifies first, its ``execute_model`` holding each step's scheduler output."""
+    layout = verdict.layout
+    counting = layout["draft_counting"]
+    factories = {
+        SHAPE_RULE_ROLE: functools.partial(
             bind_phase_aware_shape_rule,
-            step_rule=ScheduledStepRule(self.sources),
-            stale_draft_counts=stale,
-        )
-        return [
-            ReplaceHook(RUNNER_MODULE, SHAPE_RULE, factory, caller=DISPATCH),
-            ReplaceHook(WORKER_MODULE, WORKER_EXECUTE, hold_steps),
-        ]
-
-    def reads(self) -> list[Requirement]:
-        reads: list[Requirement] = [
-            SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "input_batch", SHAPE_RULE),
-            SetsAttribute(
-                INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", SHAPE_RULE
-            ),
-            SetsAttribute(
-                RUNNER_MODULE, "GPUModelRunner", "num_decode_draft_tokens", SHAPE_RULE
-            ),
-        ]
-        if draft_counts_only_on_drafting_steps(self.sources):
-            reads.append(
-                SetsAttribute(
-                    INPUT_BATCH_MODULE, "InputBatch", "spec_token_ids", SHAPE_RULE
-                )
+            stale_draft_counts=layout["stale_draft_counts"],
+            step_rule=ScheduledStepRule(
+                None if counting is None else DraftCounting(**counting)
             )
-        if worker_classifies_early(self.sources):
-            reads += _early_reads()
-        return reads
-
-    def native_reason(self, sources: SourceReader) -> str | None:
-        return native_reason(sources)
-
-    native_summary = (
-        "the V1 runner's dispatch keeps prompt chunks off the FULL decode graph"
-    )
-
-    def behaviour(self, sources: SourceReader) -> Evidence | None:
-        from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour
-
-        return behaviour.judge_source(sources)
-
-    def live_behaviour(self) -> Evidence | None:
-        runner = sys.modules.get(RUNNER_MODULE)
-        runner_class = getattr(runner, V1_RUNNER_CLASS, None)
-        if not isinstance(runner_class, type):
-            return None
-        from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour
-
-        return behaviour.judge_live(unhooked(runner_class), SourceReader())
-
-
-def _early_reads() -> list[Requirement]:
-    """What the rule and the worker's hook read where the worker classifies early."""
-    reads: list[Requirement] = [
-        SetsAttribute(WORKER_MODULE, "Worker", "model_runner", WORKER_EXECUTE),
-        TakesParameters(
-            WORKER_MODULE, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
+            if layout["classifies_early"]
+            else None,
         ),
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "parallel_config", SHAPE_RULE),
-        SetsAttribute(
-            RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
-        ),
-        SetsAttribute(COMPILATION_CONFIG, "PassConfig", "enable_sp", SHAPE_RULE),
-        SetsAttribute(
-            PARALLEL_CONFIG, "ParallelConfig", "pipeline_parallel_size", SHAPE_RULE
-        ),
-        # Prompt lengths of cached requests, where drafts count past the prompt.
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "requests", SHAPE_RULE),
-        SetsAttribute(
-            INPUT_BATCH_MODULE, "CachedRequestState", "num_prompt_tokens", SHAPE_RULE
-        ),
+        HOLD_STEPS_ROLE: hold_steps,
+    }
+    return [
+        ReplaceHook(point.module, point.qualname, factories[point.role])
+        for point in verdict.points
     ]
-    for owner, fields in _STEP_FIELDS.items():
-        reads += [
-            SetsAttribute(SCHEDULER_OUTPUT, owner, field, SHAPE_RULE)
-            for field in fields
-        ]
-    return reads
-
-
-def make_patch() -> V1PhaseDispatchPatch:
-    return V1PhaseDispatchPatch()

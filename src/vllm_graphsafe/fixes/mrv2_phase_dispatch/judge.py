@@ -1,0 +1,227 @@
+"""What the Model Runner V2 dispatch fix reads of vLLM's source, and its verdict."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.hook_points import unhooked
+from vllm_graphsafe.judging import (
+    FixJudge,
+    Layout,
+    Requirement,
+    SetsAttribute,
+    TakesParameters,
+)
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import Point, Verdict
+from vllm_graphsafe.vllm_layout import (
+    MRV2_AUTOREGRESSIVE_SPECULATOR,
+    MRV2_EAGLE_SPECULATOR,
+    MRV2_INPUT_BATCH,
+    MRV2_MULTI_MODULE_MTP_SPECULATOR,
+    MRV2_RUNNER,
+    MRV2_RUNNER_CLASS,
+    MRV2_SPECULATORS,
+    MRV2_STATES,
+)
+
+RUNNER_MODULE = MRV2_RUNNER
+STATES_MODULE = MRV2_STATES
+INPUT_BATCH_MODULE = MRV2_INPUT_BATCH
+RUNNER_STEP = "GPUModelRunner.execute_model"
+#: The shape rule, wrapped by name in each module that calls it.
+SHAPE_RULE = "get_uniform_token_count"
+#: The batch's own pre-step phase column (0.22-0.27).
+BATCH_PHASE_COLUMN = "is_prefilling_np"
+#: vLLM's pre-step phase question, asked in ``prepare_inputs`` (0.20).
+PRE_STEP_QUESTION = "RequestState.any_prefills"
+PREPARE_INPUTS = "GPUModelRunner.prepare_inputs"
+#: The hooks' roles (:mod:`.hooks` installs one per point).
+TARGET_STEP_ROLE = "target step"
+TARGET_COUNT_ROLE = "target count"
+DRAFT_STEP_ROLE = "draft step"
+DRAFT_COUNT_ROLE = "draft count"
+PRE_STEP_ROLE = "pre-step answers"
+#: Calls in ``execute_model`` that mean the release classifies by phase itself.
+_NATIVE_MARKERS = (
+    "gather_batch_req_state",
+    "get_uniform_decode_token_count",
+    "_get_uniform_decode_token_count",
+)
+
+
+class DraftPrefillDispatcher(NamedTuple):
+    """A speculator whose ``propose`` classifies the draft prefill by shape."""
+
+    module: str
+    propose: str
+    layout: str
+    #: Hooked only in releases without this module (an older layout).
+    only_without: str | None = None
+
+
+#: Every speculator module known to compute ``get_uniform_token_count`` for its
+#: draft prefill. Hook points exist only for those of the installed release.
+DRAFT_PREFILL_DISPATCHERS = (
+    # Before the autoregressive split (e.g. 0.20, 0.22) Eagle and MTP run
+    # here; from 0.24 on this module only subclasses the autoregressive one.
+    DraftPrefillDispatcher(
+        MRV2_EAGLE_SPECULATOR,
+        "EagleSpeculator.propose",
+        "eagle/ (releases before the autoregressive/ split)",
+        only_without=MRV2_AUTOREGRESSIVE_SPECULATOR,
+    ),
+    # 0.24-0.27: Eagle, MTP and Gemma4 MTP subclass this one.
+    DraftPrefillDispatcher(
+        MRV2_AUTOREGRESSIVE_SPECULATOR,
+        "AutoRegressiveSpeculator.propose",
+        "autoregressive/ (0.24-0.27)",
+    ),
+    DraftPrefillDispatcher(
+        MRV2_MULTI_MODULE_MTP_SPECULATOR,
+        "MultiModuleMTPSpeculator.propose",
+        "multi_module_mtp/ (0.24-0.27)",
+    ),
+)
+
+
+def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatcher]:
+    """The draft-prefill dispatchers of the installed release's layout."""
+    return [
+        dispatcher
+        for dispatcher in DRAFT_PREFILL_DISPATCHERS
+        if sources.exists(dispatcher.module)
+        and not (dispatcher.only_without and sources.exists(dispatcher.only_without))
+    ]
+
+
+def batch_lacks_phase_column(sources: SourceReader) -> bool:
+    """The 0.20 layout: no phase column in the input batch, but vLLM's own
+    pre-step question in ``prepare_inputs``. Any other layout is read as one
+    whose batch carries the column (and fails naming it when it does not)."""
+    if sources.sets_attribute(INPUT_BATCH_MODULE, "InputBatch", BATCH_PHASE_COLUMN):
+        return False
+    return sources.calls(RUNNER_MODULE, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
+
+
+def layout(sources: SourceReader) -> dict[str, Any]:
+    """``dispatchers``: the speculators' draft-prefill ``propose`` to hook
+    (module, qualname); ``pre_step_answers``: the batch has no phase column
+    and the draft prefill takes vLLM's own pre-step answer (0.20);
+    ``speculators``: the speculator modules this release has."""
+    dispatchers = draft_prefill_dispatchers(sources)
+    return {
+        "dispatchers": [[d.module, d.propose] for d in dispatchers],
+        "pre_step_answers": bool(dispatchers) and batch_lacks_phase_column(sources),
+        "speculators": [m for m, _ in MRV2_SPECULATORS if sources.exists(m)],
+    }
+
+
+def points(layout: Layout) -> list[Point]:
+    found = [
+        Point(RUNNER_MODULE, RUNNER_STEP, TARGET_STEP_ROLE),
+        Point(RUNNER_MODULE, SHAPE_RULE, TARGET_COUNT_ROLE, caller=RUNNER_STEP),
+    ]
+    if layout["pre_step_answers"]:
+        found.append(Point(STATES_MODULE, PRE_STEP_QUESTION, PRE_STEP_ROLE))
+    for module, propose in layout["dispatchers"]:
+        found += [
+            Point(module, propose, DRAFT_STEP_ROLE),
+            Point(module, SHAPE_RULE, DRAFT_COUNT_ROLE, caller=propose),
+        ]
+    return found
+
+
+def reads(layout: Layout) -> list[Requirement]:
+    found: list[Requirement] = [
+        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "req_states", SHAPE_RULE)
+    ]
+    found += [
+        SetsAttribute(STATES_MODULE, "RequestState", name, SHAPE_RULE)
+        for name in ("req_id_to_index", "num_computed_prefill_tokens", "prefill_len")
+    ]
+    if not layout["dispatchers"]:
+        return found
+    if layout["pre_step_answers"]:
+        return [
+            *found,
+            SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE),
+            TakesParameters(
+                STATES_MODULE, PRE_STEP_QUESTION, ("idx_mapping_np",), SHAPE_RULE
+            ),
+        ]
+    return found + [
+        SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", name, SHAPE_RULE)
+        for name in ("num_reqs", BATCH_PHASE_COLUMN)
+    ]
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """``execute_model`` calls upstream's phase-aware classification."""
+    node = sources.function_node(RUNNER_MODULE, RUNNER_STEP)
+    if node is None:
+        return None
+    for marker in _NATIVE_MARKERS:
+        if recognition.calls_name(node, marker):
+            return (
+                f"{RUNNER_STEP} classifies by request phase ({marker}, "
+                "vllm-project/vllm#51865)"
+            )
+    return None
+
+
+def behaviour(sources: SourceReader) -> Evidence:
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.behaviour import judge_source
+
+    return judge_source(sources)
+
+
+def live(draft: bool = True) -> Evidence | None:
+    """The target's cases on the imported runner class; the draft prefill's
+    (unless ``draft`` is off) compiled from the installed source."""
+    classes: dict[tuple[str, str], type] = {}
+    for module, owner in ((RUNNER_MODULE, MRV2_RUNNER_CLASS), *MRV2_SPECULATORS):
+        found = getattr(sys.modules.get(module), owner, None)
+        if isinstance(found, type):
+            classes[(module, owner)] = unhooked(found)
+    if (RUNNER_MODULE, MRV2_RUNNER_CLASS) not in classes:
+        return None
+    input_batch = getattr(sys.modules.get(INPUT_BATCH_MODULE), "InputBatch", None)
+    from vllm_graphsafe.fixes.mrv2_phase_dispatch.behaviour import judge_live
+
+    return judge_live(
+        classes,
+        input_batch if isinstance(input_batch, type) else None,
+        SourceReader(),
+        draft=draft,
+    )
+
+
+def confirm() -> Evidence | None:
+    """The target's cases alone (the draft's would be compiled from the same
+    source the verdict was judged on): about a millisecond."""
+    return live(draft=False)
+
+
+def live_modules(verdict: Verdict | None) -> list[str]:
+    speculators = [] if verdict is None else verdict.layout.get("speculators", [])
+    return [RUNNER_MODULE, INPUT_BATCH_MODULE, *speculators]
+
+
+JUDGE = FixJudge(
+    native_summary=(
+        "Model Runner V2's target and draft-prefill dispatch keep prompt chunks "
+        "off the FULL decode graph"
+    ),
+    behaviour=behaviour,
+    native_reason=native_reason,
+    points=points,
+    layout=layout,
+    reads=reads,
+    live=live,
+    confirm=confirm,
+    live_modules=live_modules,
+)

@@ -1,0 +1,196 @@
+"""What the replay guard reads of vLLM's source, and its verdict there."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, NamedTuple
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.fixes.replay_guard.eager_branch import METADATA_LOCAL, replay_branch
+from vllm_graphsafe.judging import FixJudge, Layout, Requirement, SetsAttribute
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import Point
+from vllm_graphsafe.vllm_layout import (
+    CUDA_GRAPH,
+    CUDA_GRAPH_WRAPPER_CLASS,
+    FORWARD_CONTEXT,
+    MRV2_CUDAGRAPH_UTILS,
+    MRV2_RUNNER,
+)
+
+WRAPPER_MODULE = CUDA_GRAPH
+WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
+MANAGER_MODULE = MRV2_CUDAGRAPH_UTILS
+#: The target model's replay, called by ``execute_model``.
+TARGET_REPLAY = "ModelCudaGraphManager.run_fullgraph"
+#: Every manager's replay (the speculators' managers inherit it).
+REPLAY = "CudaGraphManager.run_fullgraph"
+RUNNER_STEP = "GPUModelRunner.execute_model"
+#: The hooks' roles (:mod:`.hooks` installs one per point).
+WRAPPER_ROLE = "guarded wrapper call"
+TARGET_REPLAY_ROLE = "guarded target replay"
+REPLAY_ROLE = "guarded replay"
+
+
+def stores_attribute(node: ast.AST, attribute: str) -> bool:
+    """Whether code inside ``node`` assigns to some ``<x>.<attribute>``."""
+    for child in recognition.walk(node):
+        if isinstance(child, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+            if any(
+                isinstance(target, ast.Attribute) and target.attr == attribute
+                for target in targets
+            ):
+                return True
+    return False
+
+
+def reads_prefill_counts(
+    sources: SourceReader, modules: tuple[str, ...], node: ast.AST, depth: int = 2
+) -> bool:
+    """Whether ``node``, or a function of ``modules`` it calls by name (and so
+    on, ``depth`` calls deep), reads the builders' ``num_prefills``."""
+    if "num_prefills" in recognition.referenced_names(node):
+        return True
+    if depth == 0:
+        return False
+    for call in recognition.calls(node):
+        if not isinstance(call.func, ast.Name):
+            continue
+        for module in modules:
+            if not sources.defines(module, call.func.id):
+                continue
+            helper = sources.function_node(module, call.func.id)
+            if helper is not None and reads_prefill_counts(
+                sources, modules, helper, depth - 1
+            ):
+                return True
+    return False
+
+
+def assigned_names(node: ast.AST) -> set[str]:
+    """The names a function binds: its parameters and what it assigns."""
+    stored = {
+        child.id
+        for child in ast.walk(node)
+        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)
+    }
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        stored |= set(recognition.parameter_names(node))
+    return stored
+
+
+class ReplaysInBranch(NamedTuple):
+    """``execute_model`` replays its FULL graph in an if/else on the graph
+    mode beside the step's ``attn_metadata`` (the guard runs that else)."""
+
+    module: str
+    qualname: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        node = sources.function_node(self.module, self.qualname)
+        if node is None:
+            return f"{self.module}.{self.qualname} is missing (read by {REPLAY})"
+        if replay_branch(node) is None or METADATA_LOCAL not in assigned_names(node):
+            return (
+                f"{self.module}.{self.qualname} no longer replays its FULL graph "
+                f"in an if/else on the graph mode beside {METADATA_LOCAL} "
+                f"(read by {REPLAY})"
+            )
+        return None
+
+
+def layout(sources: SourceReader) -> dict[str, Any]:
+    """``mrv2``: this vLLM has Model Runner V2, whose replays are guarded too."""
+    return {"mrv2": sources.exists(MRV2_RUNNER)}
+
+
+def points(layout: Layout) -> list[Point]:
+    found = [Point(WRAPPER_MODULE, WRAPPER_CALL, WRAPPER_ROLE)]
+    if layout["mrv2"]:
+        found += [
+            Point(MANAGER_MODULE, TARGET_REPLAY, TARGET_REPLAY_ROLE),
+            Point(MANAGER_MODULE, REPLAY, REPLAY_ROLE),
+        ]
+    return found
+
+
+def reads(layout: Layout) -> list[Requirement]:
+    found: list[Requirement] = [
+        SetsAttribute(WRAPPER_MODULE, CUDA_GRAPH_WRAPPER_CLASS, name, WRAPPER_CALL)
+        for name in ("runtime_mode", "runnable")
+    ]
+    found += [
+        SetsAttribute(FORWARD_CONTEXT, "ForwardContext", name, WRAPPER_CALL)
+        for name in ("cudagraph_runtime_mode", "batch_descriptor", "attn_metadata")
+    ]
+    if layout["mrv2"]:
+        found.append(ReplaysInBranch(MRV2_RUNNER, RUNNER_STEP))
+    return found
+
+
+def mrv2_native_reason(sources: SourceReader) -> str | None:
+    """Model Runner V2's step itself leaves the FULL graph when its metadata
+    holds a prefill: it reads ``num_prefills`` (itself or through a module
+    function) and binds the tested batch descriptor again before the replay's
+    branch."""
+    node = sources.function_node(MRV2_RUNNER, RUNNER_STEP)
+    if node is None:
+        return None
+    branch = replay_branch(node)
+    modules = (MRV2_RUNNER, MANAGER_MODULE, CUDA_GRAPH)
+    if branch is None or not reads_prefill_counts(sources, modules, node):
+        return None
+    rebinds = sum(
+        isinstance(child, ast.Name)
+        and isinstance(child.ctx, ast.Store)
+        and child.id == branch.descriptor
+        for child in ast.walk(node)
+    )
+    if rebinds < 2:
+        return None
+    return f"{RUNNER_STEP} leaves the FULL graph when its metadata holds a prefill"
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """vLLM's own FULL replay runs a step holding a prefill without the graph.
+
+    No release does: an assert or a raise at the replay (as discussed in
+    vllm-project/vllm#55123) stops the server and is not this fix. Native only
+    where ``CUDAGraphWrapper.__call__`` switches the forward context's mode
+    (to run its runnable without the graph) and reads the builders'
+    ``num_prefills`` (itself or through a function of its module), and, where
+    Model Runner V2 exists, its step does the same (:func:`mrv2_native_reason`).
+    When unsure: needed.
+    """
+    call = sources.function_node(WRAPPER_MODULE, WRAPPER_CALL)
+    if call is None or not stores_attribute(call, "cudagraph_runtime_mode"):
+        return None
+    if not reads_prefill_counts(sources, (WRAPPER_MODULE,), call):
+        return None
+    if sources.exists(MRV2_RUNNER) and mrv2_native_reason(sources) is None:
+        return None
+    return (
+        f"{WRAPPER_CALL} runs a step whose attention metadata holds a prefill "
+        "without the FULL graph"
+    )
+
+
+def behaviour(sources: SourceReader) -> Evidence:
+    from vllm_graphsafe.fixes.replay_guard.behaviour import judge_source
+
+    return judge_source(sources)
+
+
+JUDGE = FixJudge(
+    native_summary=(
+        "a FULL decode graph never replays over a step whose attention metadata "
+        "holds a prefill"
+    ),
+    behaviour=behaviour,
+    native_reason=native_reason,
+    points=points,
+    layout=layout,
+    reads=reads,
+)

@@ -1,0 +1,135 @@
+"""What the V1 dummy-staging fix reads of vLLM's source, and its verdict there."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.hook_points import unhooked
+from vllm_graphsafe.judging import (
+    FixJudge,
+    Layout,
+    Requirement,
+    SetsAttribute,
+    TakesParameters,
+)
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import Point
+from vllm_graphsafe.vllm_layout import (
+    V1_CP_UTILS,
+    V1_INPUT_BATCH,
+    V1_RUNNER,
+    V1_RUNNER_CLASS,
+)
+
+RUNNER_MODULE = V1_RUNNER
+INPUT_BATCH_MODULE = V1_INPUT_BATCH
+CP_UTILS_MODULE = V1_CP_UTILS
+DUMMY_RUN = "GPUModelRunner._dummy_run"
+DCP_HELPER = "prepare_dcp_dummy_context_metadata"
+BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
+#: The hooks' roles (:mod:`.hooks` installs one per point).
+DUMMY_RUN_ROLE = "consistent dummy run"
+STAGING_ROLE = "staged metadata"
+
+#: The DCP helper's parameters the staging reads or replaces.
+DCP_HELPER_PARAMETERS = (
+    "positions",
+    "query_start_loc",
+    "num_reqs",
+    "num_tokens_unpadded",
+    "dcp_dummy_context_len",
+    "query_pos",
+)
+#: The metadata build's parameters the staging reads (releases before DCP staging).
+BUILD_METADATA_PARAMETERS = ("num_reqs", "num_tokens")
+#: What upstream's fix stores into for the dummy rows: computed lengths, positions.
+_STAGED_COLUMNS = ("num_computed_tokens_cpu", "positions")
+
+
+def layout(sources: SourceReader) -> dict[str, Any]:
+    """``stages_at_dcp_helper``: ``_dummy_run`` calls the DCP helper after
+    staging ``seq_lens`` (0.27+); before, the staging is read at the build of
+    the attention metadata."""
+    return {"stages_at_dcp_helper": sources.calls(RUNNER_MODULE, DUMMY_RUN, DCP_HELPER)}
+
+
+def points(layout: Layout) -> list[Point]:
+    staged_at = DCP_HELPER if layout["stages_at_dcp_helper"] else BUILD_METADATA
+    return [
+        Point(RUNNER_MODULE, DUMMY_RUN, DUMMY_RUN_ROLE),
+        Point(RUNNER_MODULE, staged_at, STAGING_ROLE, caller=DUMMY_RUN),
+    ]
+
+
+def reads(layout: Layout) -> list[Requirement]:
+    found: list[Requirement] = [
+        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, DUMMY_RUN)
+        for name in ("input_batch", "optimistic_seq_lens_cpu", "seq_lens")
+    ]
+    found.append(
+        SetsAttribute(
+            INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
+        )
+    )
+    if layout["stages_at_dcp_helper"]:
+        found.append(
+            TakesParameters(CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER)
+        )
+        return found
+    found += [
+        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, BUILD_METADATA)
+        for name in ("query_start_loc", "positions")
+    ]
+    found.append(
+        TakesParameters(
+            RUNNER_MODULE, BUILD_METADATA, BUILD_METADATA_PARAMETERS, BUILD_METADATA
+        )
+    )
+    return found
+
+
+def native_reason(sources: SourceReader) -> str | None:
+    """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
+    dummy_run = sources.function_node(RUNNER_MODULE, DUMMY_RUN)
+    if dummy_run is None:
+        return None
+    candidates = [DUMMY_RUN] + [
+        f"GPUModelRunner.{name}" for name in recognition.self_methods_called(dummy_run)
+    ]
+    for qualname in candidates:
+        node = sources.function_node(RUNNER_MODULE, qualname)
+        if node is not None and all(
+            recognition.stores_into_subscript_of(node, column)
+            for column in _STAGED_COLUMNS
+        ):
+            return f"{qualname} stages computed lengths and positions"
+    return None
+
+
+def behaviour(sources: SourceReader) -> Evidence:
+    from vllm_graphsafe.fixes.v1_dummy_staging.behaviour import judge_source
+
+    return judge_source(sources)
+
+
+def live() -> Evidence | None:
+    runner_class = getattr(sys.modules.get(RUNNER_MODULE), V1_RUNNER_CLASS, None)
+    if not isinstance(runner_class, type):
+        return None
+    from vllm_graphsafe.fixes.v1_dummy_staging.behaviour import judge_live
+
+    return judge_live(unhooked(runner_class))
+
+
+JUDGE = FixJudge(
+    native_summary="the V1 runner's dummy runs stage lengths and positions that agree",
+    behaviour=behaviour,
+    native_reason=native_reason,
+    points=points,
+    layout=layout,
+    reads=reads,
+    live=live,
+)

@@ -1,0 +1,186 @@
+"""A fix's judge: from vLLM's source to its :class:`~vllm_graphsafe.verdicts.Verdict`.
+
+Each fix declares, in its folder's ``judge`` module, one :class:`FixJudge`:
+the module whose presence decides whether it applies, its behaviour cases
+(run on the code compiled from the source), what reading the code finds where
+the cases cannot run, what its hooks need to know of the layout, where they
+bind, and what they read. :meth:`FixJudge.judge` is a pure function of the
+source; the verdict it returns is all the hooks are given.
+
+:class:`SetsAttribute` and :class:`TakesParameters` (and any
+:class:`SourceCheck`) name what a hook reads, checked in the source here
+before anything binds.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+
+from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.judgement import Evidence, by_reading, settled
+from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.verdicts import Point, Verdict
+
+if TYPE_CHECKING:
+    from vllm_graphsafe.fixes.fix import Fix
+
+
+class SetsAttribute(NamedTuple):
+    """A hook reads ``<attribute>`` of instances of ``owner`` in ``module``."""
+
+    module: str
+    owner: str
+    attribute: str
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        if not sources.has_class(self.module, self.owner):
+            return f"{self.module}.{self.owner} is missing (read by {self.reader})"
+        if not sources.sets_attribute(self.module, self.owner, self.attribute):
+            return (
+                f"{self.module}.{self.owner} no longer sets {self.attribute} "
+                f"(read by {self.reader})"
+            )
+        return None
+
+
+class TakesParameters(NamedTuple):
+    """A hook reads these parameters of ``qualname`` in ``module``."""
+
+    module: str
+    qualname: str
+    parameters: tuple[str, ...]
+    reader: str
+
+    def missing(self, sources: SourceReader) -> str | None:
+        node = sources.function_node(self.module, self.qualname)
+        if node is None:
+            return f"{self.module}.{self.qualname} is missing (read by {self.reader})"
+        lacking = [
+            p for p in self.parameters if p not in recognition.parameter_names(node)
+        ]
+        if lacking:
+            return (
+                f"{self.module}.{self.qualname} no longer takes "
+                f"{', '.join(lacking)} (read by {self.reader})"
+            )
+        return None
+
+
+class SourceCheck(Protocol):
+    """Any other thing a hook reads, checked in source: one sentence naming
+    what is missing, or None."""
+
+    def missing(self, sources: SourceReader) -> str | None: ...
+
+
+Requirement = SetsAttribute | TakesParameters | SourceCheck
+Layout = Mapping[str, Any]
+
+
+def _no_layout(sources: SourceReader) -> dict[str, Any]:
+    return {}
+
+
+def _no_reads(layout: Layout) -> list[Requirement]:
+    return []
+
+
+class FixJudge(NamedTuple):
+    """What a fix reads of vLLM's source, and how it decides (where the code
+    it fixes, its :attr:`~vllm_graphsafe.fixes.fix.Fix.anchor`, exists)."""
+
+    #: What a native verdict says the code does (before its evidence).
+    native_summary: str
+    #: The fix's cases run on the code compiled from the source (never
+    #: imported); None where they cannot tell.
+    behaviour: Callable[[SourceReader], Evidence | None]
+    #: Reading the code: why this vLLM has the fix natively (None: no fix
+    #: found). The fallback where its behaviour cannot be run.
+    native_reason: Callable[[SourceReader], str | None]
+    #: Where the hooks bind, given the layout.
+    points: Callable[[Layout], list[Point]]
+    #: What the hooks need to know of this vLLM's layout (JSON values).
+    layout: Callable[[SourceReader], dict[str, Any]] = _no_layout
+    #: What the hooks read of vLLM's objects, given the layout.
+    reads: Callable[[Layout], list[Requirement]] = _no_reads
+    #: The cases run on the imported vLLM's own classes (without this
+    #: package's hooks); None where the fix has none.
+    live: Callable[[], Evidence | None] | None = None
+    #: What a process that imports the anchor runs to confirm a native
+    #: verdict (None: :attr:`live`).
+    confirm: Callable[[], Evidence | None] | None = None
+    #: The modules :attr:`live` needs imported (None: the anchor alone).
+    live_modules: Callable[[Verdict | None], list[str]] | None = None
+
+    def judge(self, sources: SourceReader, absent: str) -> Verdict:
+        """Everything ``sources`` decides about the fix, whose anchor exists."""
+        evidence = self.native_evidence(sources)
+        layout = self.layout(sources)
+        points = tuple(self.points(layout))
+        return Verdict(
+            anchor_exists=True,
+            native=f"{self.native_summary} ({evidence.text()})"
+            if evidence.native
+            else None,
+            missing=self._missing(sources, points, layout),
+            evidence=evidence,
+            points=points,
+            layout=layout,
+            absent=absent,
+        )
+
+    def native_evidence(self, sources: SourceReader) -> Evidence:
+        """How native this code is: by its behaviour on the fix's cases where
+        they run, else by reading it (the evidence says why)."""
+        could_not_run = "the fix declares no cases to run"
+        try:
+            evidence = self.behaviour(sources)
+        except Exception as error:  # the harness itself met code it cannot run
+            evidence = None
+            could_not_run = f"{type(error).__name__}: {error}"
+        if evidence is not None:
+            if settled(evidence):
+                return evidence
+            could_not_run = evidence.could_not_run or could_not_run
+        return by_reading(self.native_reason(sources), could_not_run)
+
+    def _missing(
+        self, sources: SourceReader, points: tuple[Point, ...], layout: Layout
+    ) -> str | None:
+        for point in points:
+            if sources.text(point.module) is None:
+                return f"hook point {point.symbol} is missing: no module {point.module}"
+            if not sources.defines(point.module, point.qualname):
+                return f"hook point {point.symbol} is missing"
+            leaf = point.qualname.rsplit(".", 1)[-1]
+            if point.caller is not None and not sources.calls(
+                point.module, point.caller, leaf
+            ):
+                return (
+                    f"hook point {point.symbol} is no longer called from "
+                    f"{point.module}.{point.caller}"
+                )
+        for requirement in self.reads(layout):
+            missing = requirement.missing(sources)
+            if missing is not None:
+                return missing
+        return None
+
+
+def fix_judge(fix: Fix) -> FixJudge:
+    """The fix's judge (its folder's ``judge`` module's ``JUDGE``)."""
+    return cast(FixJudge, importlib.import_module(f"{fix.package}.judge").JUDGE)
+
+
+def judge(
+    fix: Fix, sources: SourceReader, parts: Callable[[], FixJudge] | None = None
+) -> Verdict:
+    """The fix judged on ``sources``: not applicable where the code it fixes
+    is absent (its judge, ``parts()``, is not even imported)."""
+    if not sources.exists(fix.anchor):
+        return Verdict(anchor_exists=False, absent=fix.absent)
+    found = fix_judge(fix) if parts is None else parts()
+    return found.judge(sources, fix.absent)
