@@ -64,15 +64,6 @@ def time_register() -> dict[str, Any]:
         plugin.register()
         elapsed = time.perf_counter() - started
     new_modules = set(sys.modules) - modules_before
-    readers = {
-        id(patch._source_reader): patch._source_reader
-        for patch in plugin.registry().patches
-        if patch._source_reader is not None
-    }
-    # Modules parsed whole or in pieces: none where no verdict was judged.
-    parsed = sorted(
-        {m for r in readers.values() for m in (*r._trees, *r.pieces_parsed)}
-    )
     source = str(plugin.__file__)
     bytecode = Path(importlib.util.cache_from_source(source)).exists()
     return {
@@ -81,11 +72,9 @@ def time_register() -> dict[str, Any]:
         "register_ms": elapsed * 1e3,
         "collector_ms": sum(pauses) * 1e3,
         "collector_passes": len(pauses),
-        # Kept: from this user's cache (every later process); shipped: from the
-        # table this package ships for the release (the first process after
-        # installing it); judged: from vLLM's source (a tree it ships nothing for).
+        # Kept: from this user's cache (every later process); judged: from
+        # vLLM's source (the first process of an installation).
         "verdicts": verdict_origin(plugin.registry().patches),
-        "modules_parsed": parsed,
         "modules_imported": len(new_modules),
         "vllm_modules_imported": sorted(
             name for name in new_modules if name.split(".")[0] == "vllm"

@@ -141,8 +141,7 @@ def dispatch_markdown(results: dict[str, Any]) -> list[str]:
 
 VERDICT_LABELS = {
     "kept": "kept",
-    "shipped": "shipped (first start)",
-    "judged": "judged from source (fork, cache off)",
+    "judged": "judged from source (first start)",
 }
 
 
@@ -201,14 +200,11 @@ def plugin_markdown(results: dict[str, Any]) -> list[str]:
         "Added import cost = the patches' post-import hooks plus wrapt's import "
         "finder on every import that is not hooked (median over runs). Bytecode "
         "cached = a byte-compiled copy of the package, as a wheel install leaves "
-        "it. Verdicts shipped: the first process after installing a release CI "
-        "tests finds each fix's verdict in the table this package ships, keyed by "
-        "the SHA-256 of every vLLM file it read, and keeps it "
-        "(`GRAPHSAFE_CACHE_DIR`); kept: every later process checks the SHA-256 of "
-        "each file a verdict read and parses nothing; judged: the process reads "
-        "and parses vLLM's source (run with `GRAPHSAFE_CACHE_DIR=off`, as every "
-        "process of a fork or edited tree with no writable cache would; with "
-        "one, only its first). A garbage-collector pass "
+        "it. Judged: the first process of an installation parses the vLLM "
+        "modules each fix reads, runs the fix's cases on them and keeps each "
+        "verdict (`GRAPHSAFE_CACHE_DIR`) with the SHA-256 of every file it read; "
+        "kept: every later process checks those SHA-256 and parses nothing. A "
+        "garbage-collector pass "
         "that falls inside `register()` walks every object vLLM and torch made "
         "before (about half a second in a 0.27 process); vLLM's own next "
         "allocations would run it an instant later, so it is shown, not counted. "

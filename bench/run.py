@@ -61,10 +61,9 @@ class Plan:
     dispatch_target_ms: float
     #: Extra fresh interpreters per venv for the plugin cost, per (vLLM
     #: context, bytecode, verdicts) variant; verdicts "cache" uses the run's
-    #: verdict cache (kept by then), "fresh" an empty one of its own (the first
-    #: process after an install: the shipped table, where the release is in
-    #: it), "judge" neither (``GRAPHSAFE_CACHE_DIR=off``: what a fork's every
-    #: process would pay with no cache it can write).
+    #: verdict cache (kept by then: every later process), "fresh" an empty one
+    #: of its own (the first process of an installation judges vLLM's source
+    #: and keeps the verdicts).
     plugin_repeats: dict[tuple[str, str, str], int]
     e2e_repetitions: int
     #: Requests per end-to-end turn, and output tokens of each.
@@ -79,7 +78,6 @@ QUICK = Plan(
     plugin_repeats={
         ("process", "cached", "cache"): 1,
         ("process", "cached", "fresh"): 1,
-        ("process", "cached", "judge"): 1,
     },
     e2e_repetitions=1,
     e2e_prompts=20,
@@ -91,8 +89,7 @@ FULL = Plan(
     dispatch_target_ms=4.0,
     plugin_repeats={
         ("process", "cached", "cache"): 4,
-        ("process", "cached", "fresh"): 3,
-        ("process", "cached", "judge"): 3,
+        ("process", "cached", "fresh"): 4,
         ("bare", "cached", "cache"): 2,
         ("process", "source", "cache"): 2,
     },
@@ -128,10 +125,8 @@ def staged_package(workdir: Path, executables: list[str]) -> Path:
 
 def verdict_cache_dir(workdir: Path, verdicts: str) -> str:
     """The run's verdict cache: empty at its start, so its first interpreter
-    per release takes them from the shipped table (or judges them) and later
-    ones find them kept; "fresh": an empty one of its own; "judge": none."""
-    if verdicts == "judge":
-        return "off"
+    per release judges them and later ones find them kept; "fresh": an empty
+    one of its own (a first process, judging)."""
     if verdicts == "fresh":
         return tempfile.mkdtemp(prefix="verdicts-", dir=workdir)
     return str(workdir / "verdicts")

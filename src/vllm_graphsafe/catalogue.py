@@ -14,6 +14,8 @@ when a block is stale, ``--write README.md docs/fixes.md`` regenerates them.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -159,11 +161,52 @@ def render_text(patches: Sequence[Fix] | None = None, width: int = 88) -> str:
 #: The name ``doctor --catalogue`` calls.
 render_catalogue = render_text
 
-#: Document blocks generated here: marker name -> renderer.
-BLOCKS: dict[str, Callable[[], str]] = {
-    "patches": render_patches_markdown,
-    "support": render_support_markdown,
-}
+
+def render_hooks_header(fix: Fix, width: int = 88) -> str:
+    """The fix's facts as the comment block heading its hooks module: what it
+    changes, why, the upstream references, when it is removed."""
+    lines = [f"# {fix.id}: {fix.title}."]
+    for label, value in (
+        ("What", fix.what),
+        ("Why", fix.why),
+        ("Binds to", fix.binds_to),
+        ("Upstream", _links(fix.upstream) or "none"),
+        ("Delete when", fix.delete_when),
+    ):
+        lines += textwrap.wrap(
+            value.replace("`", ""),
+            width=width,
+            break_on_hyphens=False,
+            initial_indent=f"# {label}: ",
+            subsequent_indent="#   ",
+        )
+    lines += [
+        "# (made from the facts in this folder's __init__.py by",
+        "# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)",
+    ]
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, Callable[[], str]]:
+    """Every block generated here: marker name -> renderer (the documents'
+    tables, and the heading of each fix's hooks module)."""
+    found: dict[str, Callable[[], str]] = {
+        "patches": render_patches_markdown,
+        "support": render_support_markdown,
+    }
+    for fix in all_fixes():
+        found[f"facts:{fix.id}"] = functools.partial(render_hooks_header, fix)
+    return found
+
+
+def hooks_modules() -> list[Path]:
+    """The file of each fix's hooks module, whose heading is generated here."""
+    files = []
+    for fix in all_fixes():
+        spec = importlib.util.find_spec(f"{fix.package}.hooks")
+        if spec is not None and spec.origin is not None:
+            files.append(Path(spec.origin))
+    return files
 
 
 class MarkerError(ValueError):
@@ -176,12 +219,14 @@ def markers(name: str) -> tuple[str, str]:
 
 
 def _span(text: str, name: str) -> tuple[int, int]:
+    """The whole lines between the line of the block's start marker and the
+    line of its end marker (a marker may sit in a comment: ``# <!-- ... -->``)."""
     start_marker, end_marker = markers(name)
     start = text.find(start_marker)
     end = text.find(end_marker)
-    if start < 0 or end < start:
+    if start < 0 or end < start or "\n" not in text[start:end]:
         raise MarkerError(f"the document has no {start_marker} ... {end_marker} block")
-    return start + len(start_marker), end
+    return text.index("\n", start) + 1, text.rindex("\n", 0, end) + 1
 
 
 def holds_block(text: str, name: str) -> bool:
@@ -195,30 +240,32 @@ def replace_block(text: str, name: str, content: str) -> str:
     The one splicer of generated blocks: the benchmark table uses it too.
     """
     start, end = _span(text, name)
-    return text[:start] + "\n" + content + "\n" + text[end:]
+    return text[:start] + content + "\n" + text[end:]
 
 
 def _blocks_in(
-    text: str, blocks: dict[str, Callable[[], str]]
+    text: str, generated: dict[str, Callable[[], str]]
 ) -> dict[str, Callable[[], str]]:
     """The blocks ``text`` holds; a document holding none of them is bad input."""
-    held = {name: render for name, render in blocks.items() if holds_block(text, name)}
+    held = {n: render for n, render in generated.items() if holds_block(text, n)}
     if not held:
-        _span(text, next(iter(blocks)))
+        _span(text, next(iter(generated)))
     return held
 
 
-def with_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
+def with_blocks(text: str, generated: dict[str, Callable[[], str]] | None = None) -> str:
     """``text`` with every generated block it holds rewritten from the data."""
-    for name, render in _blocks_in(text, blocks).items():
+    for name, render in _blocks_in(text, generated or blocks()).items():
         text = replace_block(text, name, render())
     return text
 
 
-def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[str]:
+def stale_blocks(
+    text: str, generated: dict[str, Callable[[], str]] | None = None
+) -> list[str]:
     """Names of the blocks ``text`` holds whose content differs from the data's."""
     stale = []
-    for name, render in _blocks_in(text, blocks).items():
+    for name, render in _blocks_in(text, generated or blocks()).items():
         start, end = _span(text, name)
         if text[start:end].strip() != render().strip():
             stale.append(name)
@@ -228,19 +275,20 @@ def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vllm_graphsafe.catalogue",
-        description="Print the patch catalogue, or check/regenerate the document "
-        "tables rendered from it (README.md: the support table; docs/fixes.md: "
-        "the patch table). Exit status: 0 current, 1 stale, 2 bad input.",
+        description="Print the patch catalogue, or check/regenerate the blocks "
+        "rendered from it (README.md: the support table; docs/fixes.md: the "
+        "patch table; each fix's hooks.py: its heading; no DOC: all of them). "
+        "Exit status: 0 current, 1 stale, 2 bad input.",
     )
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--check", metavar="DOC", type=Path, nargs="+")
-    action.add_argument("--write", metavar="DOC", type=Path, nargs="+")
+    action.add_argument("--check", metavar="DOC", type=Path, nargs="*")
+    action.add_argument("--write", metavar="DOC", type=Path, nargs="*")
     action.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.check is None and args.write is None:
         print(render_markdown() if args.markdown else render_text())
         return EXIT_OK
-    documents: list[Path] = args.check or args.write
+    documents: list[Path] = args.check or args.write or hooks_modules()
     status = EXIT_OK
     for path in documents:
         status = max(status, _check_or_write(path, write=args.write is not None))

@@ -37,6 +37,7 @@ class SourceReader:
         self._texts: dict[str, str | None] = {}
         self._identities: dict[str, tuple[str, str] | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
+        self._lines: dict[str, list[str] | None] = {}
         self._bindings: dict[str, dict[str, ast.stmt]] = {}
         self._recordings: list[Reading] = []
         #: The code these sources hold, compiled for the fixes' judgements
@@ -73,6 +74,21 @@ class SourceReader:
             yield reading
         finally:
             self._recordings.remove(reading)
+
+    def lines(self, module: str) -> list[str] | None:
+        """The module's lines, line ends kept; None where it has no source."""
+        if module not in self._lines:
+            text = self.text(module)
+            self._lines[module] = None if text is None else text.splitlines(True)
+        return self._lines[module]
+
+    def forget(self) -> None:
+        """Drop every parsed module (judging is done): the compiled code holds
+        reference cycles that would keep them alive until the collector runs."""
+        self._trees.clear()
+        self._lines.clear()
+        self._bindings.clear()
+        self.compiled = None
 
     def tree(self, module: str) -> ast.Module | None:
         """The whole module, parsed; None where it has no source or none that parses."""

@@ -1,7 +1,25 @@
+# <!-- generated:facts:mrv2-phase-dispatch -->
+# mrv2-phase-dispatch: Model Runner V2: phase-aware target and draft-prefill dispatch.
+# What: On a real step with a uniform shape, the uniform token count that execute_model
+#   hands to dispatch_cg_and_sync_dp (which picks the CUDA graph and agrees it across DP
+#   ranks) is withdrawn while a scheduled request is still in prefill, read from the
+#   request states the step has just updated. Eagle/MTP draft prefill gets the same rule
+#   from the target batch's pre-step phase; draft decode steps, fixed-width speculators
+#   (DFlash), dummy and capture runs and genuine decode keep their count.
+# Why: With K speculative tokens a prompt chunk of exactly K+1 tokens has the shape of a
+#   uniform speculative-decode batch; replaying the FULL decode graph over prefill
+#   metadata corrupts stateful hybrid (GDN/Mamba) models, and a decode sharing the batch
+#   too.
+# Binds to: get_uniform_token_count where execute_model and the speculators call it (and
+#   those callers, to know the step); where the input batch has no is_prefilling_np
+#   (0.20), also RequestState.any_prefills, to remember its pre-step answer
+# Upstream: vllm-project/vllm#51865, vllm-project/vllm#50532, vllm-project/vllm#49918
+# Delete when: the oldest supported vLLM has vllm-project/vllm#51865 (released in 0.28):
+#   MRV2 classifies by request phase
+# (made from the facts in this folder's __init__.py by
+# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
+# <!-- /generated:facts:mrv2-phase-dispatch -->
 """MRV2: a uniform batch is decode only when no scheduled request is in prefill.
-
-The fix's facts (what, why, upstream, removal) are in this folder's
-``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 
 Why it binds there: ``get_uniform_token_count`` is replaced in each calling
 module's namespace, never in ``cudagraph_utils``, so other callers keep the shape

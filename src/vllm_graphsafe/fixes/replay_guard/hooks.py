@@ -1,8 +1,29 @@
+# <!-- generated:facts:replay-guard -->
+# replay-guard: Replay guard: no FULL decode graph over a step holding a prefill.
+# What: Where a FULL CUDA graph captured for uniform decode is about to replay (V1: the
+#   FULL CUDAGraphWrapper; Model Runner V2: the runner's and the speculators'
+#   decode-graph replays), the step's own attention metadata is read: one num_prefills
+#   per KV-cache group, as the metadata builders classified the rows, with no GPU
+#   synchronisation. If a group holds a prefill row the step runs without the graph
+#   (eagerly, same padded token count), is counted, and a warning with the step's shape
+#   is logged once per process. Independent of the dispatch fixes; genuine decode
+#   replays as before.
+# Why: Any way into the decode graph the dispatch fixes do not cover (a fork's own
+#   dispatch, a data-parallel peer's agreement, a native fix with a gap) replays it over
+#   prefill metadata: hybrid (GDN/Mamba) models silently corrupt their recurrent state.
+#   An assert there would stop the server; the guard serves the step right.
+# Binds to: CUDAGraphWrapper.__call__ (every FULL wrapper: the V1 runner's model, its
+#   DBO wrapper's); Model Runner V2: ModelCudaGraphManager.run_fullgraph and
+#   CudaGraphManager.run_fullgraph, where execute_model and a speculator's propose
+#   replay in an if/else whose else is their eager path (the guard runs that else)
+# Upstream: vllm-project/vllm#55123
+# Delete when: vLLM's FULL-graph replay itself runs a step whose attention metadata
+#   holds a prefill without the decode graph
+# (made from the facts in this folder's __init__.py by
+# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
+# <!-- /generated:facts:replay-guard -->
 """The replay guard's runtime form: read the step's metadata where a FULL decode
 graph is about to replay, and run a step holding a prefill without the graph.
-
-The fix's facts (what, why, upstream, removal) are in this folder's
-``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 
 V1 (and any FULL ``CUDAGraphWrapper``): ``CUDAGraphWrapper.__call__`` is
 replaced. A PIECEWISE wrapper goes straight to vLLM's method (one identity

@@ -1,7 +1,21 @@
+# <!-- generated:facts:v1-dummy-staging -->
+# v1-dummy-staging: V1 runner: consistent FULL dummy length and position metadata.
+# What: In _dummy_run, where it builds attention metadata: a requested seq_len shorter
+#   than the query is raised to it on both mirrors; computed lengths become seq_len -
+#   scheduled and positions computed[req] + query_pos; padded rows and tokens are
+#   cleared; the DCP helper consumes the staged positions. The input batch's CPU
+#   computed counts are restored when the dummy run ends.
+# Why: A long dummy seq_len beside stale positions makes kernels that count from
+#   positions (MiniMax-M3's sparse indexer) disagree with kernels that count from
+#   seq_lens; -1 sentinels land inside the consumed range.
+# Binds to: _dummy_run and prepare_dcp_dummy_context_metadata (0.27+) or
+#   _build_attention_metadata (0.22)
+# Upstream: vllm-project/vllm#54604
+# Delete when: _dummy_run stages positions and computed lengths itself
+# (made from the facts in this folder's __init__.py by
+# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
+# <!-- /generated:facts:v1-dummy-staging -->
 """V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
-
-The fix's facts (what, why, upstream, removal) are in this folder's
-``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations

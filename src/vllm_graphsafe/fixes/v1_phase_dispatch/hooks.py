@@ -1,8 +1,30 @@
+# <!-- generated:facts:v1-phase-dispatch -->
+# v1-phase-dispatch: V1 runner: phase-aware uniform-decode dispatch.
+# What: On a real step whose shape is uniform decode, vLLM's shape rule answers False
+#   unless every scheduled row is a decode as the attention metadata builders see it
+#   (with K speculative tokens: the row schedules exactly 1 + its drafts; without: one
+#   token over prior state), before the runner dispatches the CUDA graph and syncs it
+#   across DP ranks. Capture, warm-up and dummy runs keep their own classification;
+#   other shapes skip the scan. Cost: a reclassified step of 32-511 tokens also runs
+#   without DBO microbatching on every DP rank.
+# Why: With K speculative tokens a prompt chunk of K+1 tokens, or K+1 output tokens
+#   re-computed after preemption, has the shape of a uniform speculative-decode batch;
+#   replaying the FULL decode graph over it skips the recurrent-state writes of
+#   GDN/Mamba layers: garbage output. A row padded with placeholder drafts is a decode
+#   and keeps the graph.
+# Binds to: GPUModelRunner._is_uniform_decode (the shape rule
+#   _determine_batch_execution_and_padding consults on every step, before it dispatches
+#   and syncs DP), on real steps; on 0.20-0.31 also Worker.execute_model, which under
+#   pipeline + sequence parallel classifies the step before the runner updates its
+#   state: there both calls decide from the step's scheduler output
+# Upstream: vllm-project/vllm#49918, vllm-project/vllm#53051, vllm-project/vllm#47123,
+#   vllm-project/vllm#53059
+# Delete when: the V1 runner's uniform-decode test reads each row's phase
+# (made from the facts in this folder's __init__.py by
+# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
+# <!-- /generated:facts:v1-phase-dispatch -->
 """V1 runner: a batch is uniform decode only when every scheduled row is a
 decode as the metadata builders see it.
-
-The fix's facts (what, why, upstream, removal) are in this folder's
-``__init__``; ``vllm-graphsafe doctor --catalogue`` renders them.
 """
 
 from __future__ import annotations
