@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 VENV=${GRAPHSAFE_DEMO_VENV:-$PWD/.venvs/cpu-0.32.0}
 RELEASE=${GRAPHSAFE_DEMO_VLLM:-0.32.0}
 PYTHON=${PYTHON:-python3.11}
-# vllm_graphsafe.cli.exit_statuses.DEMO_INSTALL_FAILED
+# vllm_graphsafe.exit_statuses.DEMO_INSTALL_FAILED
 EXIT_INSTALL_FAILED=16
 
 if [[ ! -x "$VENV/bin/python" ]] && ! command -v "$PYTHON" >/dev/null 2>&1; then

@@ -21,6 +21,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vllm_graphsafe import exit_statuses
 from vllm_graphsafe.fixes import Fix, all_fixes
 from vllm_graphsafe.releases import ReleaseRow, release_table, verified_releases
 
@@ -193,6 +194,7 @@ def blocks() -> dict[str, Callable[[], str]]:
     found: dict[str, Callable[[], str]] = {
         "patches": render_patches_markdown,
         "support": render_support_markdown,
+        exit_statuses.BLOCK: exit_statuses.markdown,
     }
     for fix in all_fixes():
         found[f"facts:{fix.id}"] = functools.partial(render_hooks_header, fix)
@@ -253,7 +255,9 @@ def _blocks_in(
     return held
 
 
-def with_blocks(text: str, generated: dict[str, Callable[[], str]] | None = None) -> str:
+def with_blocks(
+    text: str, generated: dict[str, Callable[[], str]] | None = None
+) -> str:
     """``text`` with every generated block it holds rewritten from the data."""
     for name, render in _blocks_in(text, generated or blocks()).items():
         text = replace_block(text, name, render())
@@ -276,8 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vllm_graphsafe.catalogue",
         description="Print the patch catalogue, or check/regenerate the blocks "
-        "rendered from it (README.md: the support table; docs/fixes.md: the "
-        "patch table; each fix's hooks.py: its heading; no DOC: all of them). "
+        "rendered from it (README.md: the support and exit-status tables; "
+        "docs/fixes.md: the patch table; docs/commands.md: the exit statuses; "
+        "each fix's hooks.py: its heading; no DOC: the hooks modules). "
         "Exit status: 0 current, 1 stale, 2 bad input.",
     )
     action = parser.add_mutually_exclusive_group()

@@ -14,7 +14,6 @@ from typing import Any
 
 import wrapt
 
-
 #: ``on_failure(error, reading)``: a hook's own code failed while reading ``reading``.
 OnFailure = Callable[[BaseException, str], None]
 #: ``wrapper(wrapped, instance, args, kwargs, on_failure)`` of a :class:`WrapHook`.

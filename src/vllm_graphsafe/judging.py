@@ -1,4 +1,4 @@
-"""A fix's judge: from vLLM's source to its :class:`~vllm_graphsafe.verdicts.Verdict`.
+"""A fix's judge: from vLLM's source to its :class:`Verdict`.
 
 Each fix declares, in its folder's ``judge`` module, one :class:`FixJudge`:
 the module whose presence decides whether it applies, its behaviour cases
@@ -14,17 +14,145 @@ before anything binds.
 
 from __future__ import annotations
 
+import enum
 import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.behaviour.judgement import Evidence, by_reading, settled
+from vllm_graphsafe.settings import DISABLE_ENV
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point, Verdict
 
 if TYPE_CHECKING:
     from vllm_graphsafe.fixes.fix import Fix
+
+
+class PatchState(str, enum.Enum):
+    APPLIED = "applied"
+    NATIVE = "native"
+    NOT_APPLICABLE = "not applicable"
+    DISABLED = "disabled"
+    FAILED = "failed"
+
+
+class Point(NamedTuple):
+    """Where a hook binds: ``qualname`` of ``module``, called from ``caller``
+    (a qualname of the same module) where the hook needs that caller; ``role``
+    names the hook the fix installs there."""
+
+    module: str
+    qualname: str
+    role: str
+    caller: str | None = None
+
+    @property
+    def symbol(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+
+class Settled(NamedTuple):
+    state: PatchState
+    reason: str
+
+
+class Verdict(NamedTuple):
+    """What vLLM's source decides about one fix, whatever the settings."""
+
+    anchor_exists: bool
+    #: Why this vLLM has the fix (None: it does not).
+    native: str | None = None
+    #: Why a hook point or something a hook reads is missing (None: all there).
+    missing: str | None = None
+    #: How ``native`` (or its absence) was decided: the code run on the fix's
+    #: cases, or read. None where the anchor module is absent.
+    evidence: Evidence | None = None
+    #: Where the hooks bind, in this vLLM's layout.
+    points: tuple[Point, ...] = ()
+    #: What the hooks need to know of the layout when they bind (JSON values).
+    layout: Mapping[str, Any] = {}
+    #: Why the fix does not apply where the anchor is absent.
+    absent: str = ""
+
+    @property
+    def hook_modules(self) -> tuple[str, ...]:
+        return tuple(sorted({point.module for point in self.points}))
+
+    def settle(self, disabled: bool = False) -> Settled:
+        """The fix's state on this vLLM, switched off or not."""
+        if not self.anchor_exists:
+            return Settled(PatchState.NOT_APPLICABLE, self.absent)
+        if self.native is not None:
+            # ops: a fix vLLM has natively stays native when disabled (issue 18).
+            return Settled(PatchState.NATIVE, self.native)
+        if disabled:
+            return Settled(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
+        if self.missing is not None:
+            return Settled(PatchState.FAILED, self.missing)
+        return Settled(
+            PatchState.APPLIED, f"hooks {', '.join(self.hook_modules)} when imported"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "anchor_exists": self.anchor_exists,
+            "native": self.native,
+            "missing": self.missing,
+            "evidence": None if self.evidence is None else self.evidence.to_json(),
+            "points": [list(point) for point in self.points],
+            "layout": dict(self.layout),
+            "absent": self.absent,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Verdict | None:
+        """The verdict in ``data``, or None where any field is not as written."""
+        fields = {
+            "anchor_exists",
+            "native",
+            "missing",
+            "evidence",
+            "points",
+            "layout",
+            "absent",
+        }
+        if not isinstance(data, dict) or set(data) != fields:
+            return None
+        evidence = None
+        if data["evidence"] is not None:
+            evidence = Evidence.from_json(data["evidence"])
+            if evidence is None:
+                return None
+        points = data["points"]
+        if not isinstance(points, list) or not all(_is_point(p) for p in points):
+            return None
+        texts = (data["native"], data["missing"])
+        if not all(text is None or isinstance(text, str) for text in texts):
+            return None
+        if not isinstance(data["anchor_exists"], bool) or not isinstance(
+            data["layout"], dict
+        ):
+            return None
+        if not isinstance(data["absent"], str):
+            return None
+        return cls(
+            data["anchor_exists"],
+            data["native"],
+            data["missing"],
+            evidence,
+            tuple(Point(*point) for point in points),
+            data["layout"],
+            data["absent"],
+        )
+
+
+def _is_point(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 4
+        and all(isinstance(part, str) for part in value[:3])
+        and (value[3] is None or isinstance(value[3], str))
+    )
 
 
 class SetsAttribute(NamedTuple):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.counts import metrics, roles
-from vllm_graphsafe.counts.private_files import (
+from vllm_graphsafe.private_files import (
     is_private_directory,
     make_private_directory,
     writable_by_others,

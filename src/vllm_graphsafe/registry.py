@@ -31,15 +31,10 @@ from vllm_graphsafe import judging
 from vllm_graphsafe.behaviour.judgement import BEHAVIOUR, Evidence
 from vllm_graphsafe.fixes import Fix, all_fixes
 from vllm_graphsafe.hook_points import REPLACEMENT_MARK, HookPoint
+from vllm_graphsafe.judging import PatchState, Verdict
 from vllm_graphsafe.settings import Settings, read_settings
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import (
-    Origin,
-    PatchState,
-    Verdict,
-    kept_or_judged,
-    verdict_cache,
-)
+from vllm_graphsafe.verdicts import Origin, kept_or_judged, verdict_cache
 
 logger = logging.getLogger("vllm.graphsafe")
 
@@ -148,7 +143,9 @@ class Patch:
             return
         self.evidence = live
         if self.verdict.missing is not None:
-            self._fail(f"native by its source, but {live.failed}; {self.verdict.missing}")
+            self._fail(
+                f"native by its source, but {live.failed}; {self.verdict.missing}"
+            )
             return
         logger.warning(
             "vllm-graphsafe: %s: vLLM's code read as fixed, but its imported "

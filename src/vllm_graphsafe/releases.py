@@ -129,7 +129,9 @@ def _release_key(version: str) -> tuple[int, ...]:
     """``(0, 34, 0)`` for ``"0.34.0"``; a pre-release counts as its release."""
     parts = []
     for part in version.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        digits = (
+            "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        )
         parts.append(int(digits or 0))
     return tuple(parts)
 

@@ -17,14 +17,13 @@ version of this package gives a fresh judgement.
 Entries live in ``GRAPHSAFE_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-graphsafe``,
 else ``~/.cache/vllm-graphsafe`` (``off`` keeps none): a directory of this
 user's (0700), files 0600, written without following a link
-(:mod:`vllm_graphsafe.counts.private_files`). An entry that is damaged, not
+(:mod:`vllm_graphsafe.private_files`). An entry that is damaged, not
 ours, or a link is judged again and replaced, never trusted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
 import json
 import os
@@ -34,13 +33,12 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 import vllm_graphsafe
-from vllm_graphsafe.behaviour.judgement import Evidence
-from vllm_graphsafe.counts.private_files import (
+from vllm_graphsafe.judging import Verdict
+from vllm_graphsafe.private_files import (
     is_private_directory,
     make_private_directory,
     write_private_file,
 )
-from vllm_graphsafe.settings import DISABLE_ENV
 from vllm_graphsafe.sources import SourceReader
 
 CACHE_OFF = frozenset({"off", "none", "0"})
@@ -48,133 +46,6 @@ CACHE_OFF = frozenset({"off", "none", "0"})
 _MAX_ENTRY_BYTES = 1 << 16
 _FORMAT = 3
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
-
-
-class PatchState(str, enum.Enum):
-    APPLIED = "applied"
-    NATIVE = "native"
-    NOT_APPLICABLE = "not applicable"
-    DISABLED = "disabled"
-    FAILED = "failed"
-
-
-class Point(NamedTuple):
-    """Where a hook binds: ``qualname`` of ``module``, called from ``caller``
-    (a qualname of the same module) where the hook needs that caller; ``role``
-    names the hook the fix installs there."""
-
-    module: str
-    qualname: str
-    role: str
-    caller: str | None = None
-
-    @property
-    def symbol(self) -> str:
-        return f"{self.module}.{self.qualname}"
-
-
-class Settled(NamedTuple):
-    state: PatchState
-    reason: str
-
-
-class Verdict(NamedTuple):
-    """What vLLM's source decides about one fix, whatever the settings."""
-
-    anchor_exists: bool
-    #: Why this vLLM has the fix (None: it does not).
-    native: str | None = None
-    #: Why a hook point or something a hook reads is missing (None: all there).
-    missing: str | None = None
-    #: How ``native`` (or its absence) was decided: the code run on the fix's
-    #: cases, or read. None where the anchor module is absent.
-    evidence: Evidence | None = None
-    #: Where the hooks bind, in this vLLM's layout.
-    points: tuple[Point, ...] = ()
-    #: What the hooks need to know of the layout when they bind (JSON values).
-    layout: Mapping[str, Any] = {}
-    #: Why the fix does not apply where the anchor is absent.
-    absent: str = ""
-
-    @property
-    def hook_modules(self) -> tuple[str, ...]:
-        return tuple(sorted({point.module for point in self.points}))
-
-    def settle(self, disabled: bool = False) -> Settled:
-        """The fix's state on this vLLM, switched off or not."""
-        if not self.anchor_exists:
-            return Settled(PatchState.NOT_APPLICABLE, self.absent)
-        if self.native is not None:
-            # ops: a fix vLLM has natively stays native when disabled (issue 18).
-            return Settled(PatchState.NATIVE, self.native)
-        if disabled:
-            return Settled(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
-        if self.missing is not None:
-            return Settled(PatchState.FAILED, self.missing)
-        return Settled(
-            PatchState.APPLIED, f"hooks {', '.join(self.hook_modules)} when imported"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "anchor_exists": self.anchor_exists,
-            "native": self.native,
-            "missing": self.missing,
-            "evidence": None if self.evidence is None else self.evidence.to_json(),
-            "points": [list(point) for point in self.points],
-            "layout": dict(self.layout),
-            "absent": self.absent,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> Verdict | None:
-        """The verdict in ``data``, or None where any field is not as written."""
-        fields = {
-            "anchor_exists",
-            "native",
-            "missing",
-            "evidence",
-            "points",
-            "layout",
-            "absent",
-        }
-        if not isinstance(data, dict) or set(data) != fields:
-            return None
-        evidence = None
-        if data["evidence"] is not None:
-            evidence = Evidence.from_json(data["evidence"])
-            if evidence is None:
-                return None
-        points = data["points"]
-        if not isinstance(points, list) or not all(_is_point(p) for p in points):
-            return None
-        texts = (data["native"], data["missing"])
-        if not all(text is None or isinstance(text, str) for text in texts):
-            return None
-        if not isinstance(data["anchor_exists"], bool) or not isinstance(
-            data["layout"], dict
-        ):
-            return None
-        if not isinstance(data["absent"], str):
-            return None
-        return cls(
-            data["anchor_exists"],
-            data["native"],
-            data["missing"],
-            evidence,
-            tuple(Point(*point) for point in points),
-            data["layout"],
-            data["absent"],
-        )
-
-
-def _is_point(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == 4
-        and all(isinstance(part, str) for part in value[:3])
-        and (value[3] is None or isinstance(value[3], str))
-    )
 
 
 #: ``module -> (file path, SHA-256 hex)``, or None where the module has no source.

@@ -24,12 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_graphsafe import fixes
 from vllm_graphsafe.backport import Judged, judge_one, planner
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes import v1_phase_dispatch
 from vllm_graphsafe.fixes.v1_phase_dispatch.judge import DISPATCH
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.judging import PatchState
 
 V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 MRV2_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
@@ -926,7 +925,10 @@ MRV2_VARIANTS = [
         upstream_edit(
             ("decode_graph_eligible = not has_prefill", "decode_graph_eligible = True"),
             (_PROMPT_EXTENSION_BRANCH, "if False:"),
-            ("            if batch_req_state.has_prefill:\n", "            if False:\n"),
+            (
+                "            if batch_req_state.has_prefill:\n",
+                "            if False:\n",
+            ),
             (
                 "            if not batch_req_state.decode_graph_eligible:\n",
                 "            if False:\n",

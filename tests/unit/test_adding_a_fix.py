@@ -21,8 +21,7 @@ from vllm_graphsafe import fixes
 from vllm_graphsafe.backport.plan import Plan
 from vllm_graphsafe.fixes import ExtraControl, Fix
 from vllm_graphsafe.hook_points import HookPoint
-from vllm_graphsafe.judging import FixJudge
-from vllm_graphsafe.verdicts import PatchState, Verdict
+from vllm_graphsafe.judging import FixJudge, PatchState, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "graphsafe_dummy_fix"

@@ -11,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from vllm_graphsafe.cli.exit_statuses import DEMO_INSTALL_FAILED
+from vllm_graphsafe.exit_statuses import DEMO_INSTALL_FAILED
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

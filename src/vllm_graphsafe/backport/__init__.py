@@ -42,9 +42,8 @@ from vllm_graphsafe.backport.record import (
 from vllm_graphsafe.backport.source import MissingSymbolError
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.behaviour.judgement import Evidence
-from vllm_graphsafe.judging import judge
+from vllm_graphsafe.judging import PatchState, Verdict, judge
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState, Verdict
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())

@@ -333,7 +333,9 @@ class SourceCode:
             return None
         if (owner is None) != (indent == 0):
             return None
-        kept_decorators = [d for d in statement.decorator_list if _decorator_name(d) in kept]
+        kept_decorators = [
+            d for d in statement.decorator_list if _decorator_name(d) in kept
+        ]
         if any(d.lineno != d.end_lineno for d in kept_decorators):
             return None
         decorators = [

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from vllm_graphsafe import __version__
-from vllm_graphsafe.cli import exit_statuses
+from vllm_graphsafe import __version__, exit_statuses
 
 EXIT_OK = exit_statuses.BACKPORT_OK
 EXIT_FIXES_NEEDED = exit_statuses.BACKPORT_FIXES_NEEDED

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from vllm_graphsafe.cli import exit_statuses
+from vllm_graphsafe import exit_statuses
 from vllm_graphsafe.cli.startup_phases import progress_line, startup_phase
 from vllm_graphsafe.probe.settings import DEFAULT_DECODE_TOKENS
 from vllm_graphsafe.settings import (

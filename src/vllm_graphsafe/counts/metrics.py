@@ -36,7 +36,7 @@ from typing import Any
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts.records import read_records_leniently
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.judging import PatchState
 
 DECISIONS = "graphsafe_dispatch_decisions"
 

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_graphsafe.counts.private_files import (
+from vllm_graphsafe.private_files import (
     create_private_file,
     link_private_file,
     remove_private_file,
@@ -59,7 +59,7 @@ class CountsPage:
     def create(cls, directory: Path, pid: int) -> CountsPage:
         """Map a fresh, zeroed page at ``directory/<pid>.counts``.
 
-        A private file (see :mod:`vllm_graphsafe.counts.private_files`): raises
+        A private file (see :mod:`vllm_graphsafe.private_files`): raises
         ``OSError`` where its name is taken by a link or another user's file.
         """
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.counts import private_files
+from vllm_graphsafe import private_files
 from vllm_graphsafe.counts.page import merged_counts, page_beside, read_counts_page
 from vllm_graphsafe.counts.roles import current_role, dp_rank_of
 

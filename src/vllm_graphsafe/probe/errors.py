@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_graphsafe.cli.exit_statuses import (
+from vllm_graphsafe.exit_statuses import (
     PROBE,
     PROBE_API_KEY,
     PROBE_BAD_ARGUMENT,
@@ -19,7 +19,7 @@ from vllm_graphsafe.cli.exit_statuses import (
     PROBE_UNREACHABLE,
 )
 
-# The probe's statuses, declared in vllm_graphsafe.cli.exit_statuses.
+# The probe's statuses, declared in vllm_graphsafe.exit_statuses.
 EXIT_OK = PROBE_OK
 EXIT_CHECK_FAILED = PROBE_CHECK_FAILED
 EXIT_BAD_ARGUMENT = PROBE_BAD_ARGUMENT

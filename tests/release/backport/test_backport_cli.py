@@ -20,7 +20,7 @@ from tests.backport_trees import REPO
 from vllm_graphsafe.backport import FIX_IDS, detect
 from vllm_graphsafe.backport.verify import find_ruff, new_findings, ruff_findings
 from vllm_graphsafe.cli.main import main
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.judging import PatchState
 
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 

@@ -33,9 +33,9 @@ import pytest
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.hook_points import HookPoint, is_hooked
-from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.judging import PatchState
 from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_fakes import mrv2_speculators, mrv2_state
 from vllm_graphsafe.vllm_fakes.mrv2_speculators import (
     Tripwire,

@@ -253,8 +253,8 @@ def test_an_error_in_the_guard_fails_open(
 ) -> None:
     """A metadata object the guard cannot read: vLLM's own replay, the patch
     turned off in this process, one warning."""
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED:

@@ -212,8 +212,8 @@ def test_a_target_replay_the_guard_cannot_read_fails_visibly(
     """Drift: the target's replay called from a step without the if/else the
     guard runs instead. vLLM's replay answers, and the patch turns itself off
     with its reason (never a silent unguarded replay)."""
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED:

@@ -219,8 +219,8 @@ PATCH_ID = "v1-dummy-staging"
 @pytest.fixture
 def applied_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The session's patch, applied; re-applied after a test made it fail."""
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED:
@@ -280,7 +280,7 @@ def test_a_dummy_run_the_staging_cannot_read_gets_vllm_own_metadata(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from vllm_graphsafe.verdicts import PatchState
+    from vllm_graphsafe.judging import PatchState
 
     vllm_own = unpatched_snapshot(monkeypatch, applied_patch)
 

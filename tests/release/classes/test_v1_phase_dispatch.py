@@ -202,8 +202,8 @@ def test_rows_the_builders_classify_unlike_prompt_length(
 
 
 def patch_is_applied() -> bool:
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     return registry().get(PATCH_ID).state is PatchState.APPLIED
 
@@ -465,8 +465,8 @@ def test_the_rule_on_a_runner_takes_keywords_or_positions() -> None:
 @pytest.fixture
 def applied_patch() -> Any:
     """The session's patch, applied; re-applied after a test made it fail."""
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED:
@@ -552,7 +552,7 @@ DRAFTING_STEP_READS = {"spec_token_ids": (drop_batch_column, 4)}
 def test_an_unreadable_input_returns_vllm_answer_and_fails_the_patch(
     name: str, applied_patch: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from vllm_graphsafe.verdicts import PatchState
+    from vllm_graphsafe.judging import PatchState
 
     drop, q = {**READS, **EARLY_READS, **DRAFTING_STEP_READS}[name]
     record = DispatchRecord()

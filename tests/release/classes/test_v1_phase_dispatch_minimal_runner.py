@@ -25,7 +25,7 @@ import pytest
 
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes import phase_events
-from vllm_graphsafe.verdicts import PatchState
+from vllm_graphsafe.judging import PatchState
 from vllm_graphsafe.vllm_fakes.v1_runner import (
     DispatchRecord,
     Row,

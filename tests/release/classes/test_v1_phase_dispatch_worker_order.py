@@ -378,8 +378,8 @@ def test_a_runner_classifying_outside_its_worker_fails_open(
 ) -> None:
     """Under pipeline + sequence parallel the rule needs the worker's step: a
     dispatch reached some other way gets vLLM's answer and one warning."""
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED or not worker_classifies_early():
@@ -471,8 +471,8 @@ def test_an_unreadable_step_returns_vllm_answer_and_fails_the_patch(
     worker: tuple[Any, StepRunner],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from vllm_graphsafe.judging import PatchState
     from vllm_graphsafe.plugin import registry
-    from vllm_graphsafe.verdicts import PatchState
 
     patch = registry().get(PATCH_ID)
     if patch.state is not PatchState.APPLIED or not worker_classifies_early():

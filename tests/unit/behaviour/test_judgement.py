@@ -24,8 +24,8 @@ from vllm_graphsafe.behaviour.judgement import (
     settled,
 )
 from vllm_graphsafe.fixes.v1_phase_dispatch import behaviour as v1
+from vllm_graphsafe.judging import Point, Verdict
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point, Verdict
 
 OFF, ON = Expect.KEPT_OFF, Expect.KEPT_ON
 

@@ -16,7 +16,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from vllm_graphsafe.cli import exit_statuses
+from vllm_graphsafe import exit_statuses
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO_SH = ROOT / "scripts" / "demo.sh"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.cli import backport, demo, doctor, exit_statuses
+from vllm_graphsafe import exit_statuses
+from vllm_graphsafe.cli import backport, demo, doctor
 from vllm_graphsafe.cli.main import build_parser
 from vllm_graphsafe.probe import errors as probe_errors
 
@@ -105,7 +106,7 @@ def test_the_readme_and_the_docs_hold_the_same_current_table() -> None:
         [
             sys.executable,
             "-m",
-            "vllm_graphsafe.cli.exit_statuses",
+            "vllm_graphsafe.exit_statuses",
             "--check",
             *map(str, DOCUMENTS),
         ],

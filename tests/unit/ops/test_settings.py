@@ -91,8 +91,7 @@ def test_the_emulator_switch_reads_its_variable() -> None:
 
 
 def test_the_plugin_checks_ids_against_the_packages_own_patches() -> None:
-    from vllm_graphsafe.registry import all_patches
-    from vllm_graphsafe.registry import Registry
+    from vllm_graphsafe.registry import Registry, all_patches
 
     registry = Registry(all_patches())
     read = registry.read_settings({"GRAPHSAFE_DISABLE": "mrv2-phase-dispatch"})

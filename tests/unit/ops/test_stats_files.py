@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe import counts
+from vllm_graphsafe import counts, private_files
 from vllm_graphsafe.counts import (
     DispatchStats,
     StatsDirError,
-    private_files,
     read_stats_dir,
     render_stats,
 )

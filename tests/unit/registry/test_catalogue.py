@@ -13,8 +13,7 @@ import pytest
 
 from vllm_graphsafe import catalogue
 from vllm_graphsafe.fixes import Fix, all_fixes
-from vllm_graphsafe.releases import verified_releases
-from vllm_graphsafe.releases import release_table
+from vllm_graphsafe.releases import release_table, verified_releases
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 FIXES_PAGE = README.parent / "docs" / "fixes.md"
@@ -31,7 +30,19 @@ def run_catalogue(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_document_tables_are_generated_from_the_current_data() -> None:
-    result = run_catalogue("--check", str(README), str(FIXES_PAGE))
+    commands = README.parent / "docs" / "commands.md"
+    result = run_catalogue("--check", str(README), str(FIXES_PAGE), str(commands))
+    assert result.returncode == 0, result.stderr
+
+
+def test_each_hooks_module_is_headed_by_its_fixs_current_facts() -> None:
+    """vllm-ascend's patch catalogue style: what, why, upstream, removal, at the
+    top of the code that patches, made from the facts declared once."""
+    files = catalogue.hooks_modules()
+    assert len(files) == len(all_fixes())
+    for fix, path in zip(all_fixes(), files, strict=True):
+        assert path.read_text().startswith(f"# <!-- generated:facts:{fix.id} -->\n")
+    result = run_catalogue("--check")
     assert result.returncode == 0, result.stderr
 
 

@@ -17,11 +17,10 @@ import pytest
 
 from vllm_graphsafe import fixes
 from vllm_graphsafe.behaviour.judgement import READING
-from vllm_graphsafe.judging import judge
+from vllm_graphsafe.judging import PatchState, judge
 from vllm_graphsafe.registry import Patch
 from vllm_graphsafe.settings import read_settings
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState
 
 INPUT_BATCH = """
 class InputBatch:

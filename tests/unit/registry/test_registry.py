@@ -33,6 +33,8 @@ from vllm_graphsafe.hook_points import (
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
+    PatchState,
+    Point,
     Requirement,
     SetsAttribute,
     TakesParameters,
@@ -40,7 +42,6 @@ from vllm_graphsafe.judging import (
 from vllm_graphsafe.registry import Patch, PatchFailedError, Registry
 from vllm_graphsafe.settings import read_settings
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState, Point
 
 TARGET_SOURCE = """
 def helper(value):

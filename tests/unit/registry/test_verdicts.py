@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from vllm_graphsafe import registry, vllm_layout
+from vllm_graphsafe.judging import PatchState
 from vllm_graphsafe.registry import Registry, all_patches
 from vllm_graphsafe.settings import read_settings
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import PatchState, cache_directory
+from vllm_graphsafe.verdicts import cache_directory
 
 V1 = "v1-phase-dispatch"
 RUNNER_FILE = Path(*vllm_layout.V1_RUNNER.split(".")).with_suffix(".py")

@@ -8,9 +8,9 @@ rows it reads are shared with the V1 fix (``fixes.phase_rows``).
 
 from __future__ import annotations
 
-from vllm_graphsafe.vllm_layout import MRV2_RUNNER
 from vllm_graphsafe.fixes.fix import Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
+from vllm_graphsafe.vllm_layout import MRV2_RUNNER
 
 #: Draft-prefill decisions are counted under these events (prefix + event).
 DRAFT_EVENT_PREFIX = "draft_"
@@ -50,9 +50,7 @@ FIX = Fix(
         "(released in 0.28): MRV2 classifies by request phase"
     ),
     anchor=MRV2_RUNNER,
-    absent=(
-        "this vLLM has no Model Runner V2, the code this fixes"
-    ),
+    absent=("this vLLM has no Model Runner V2, the code this fixes"),
     commit_subject=("[Bugfix][MRV2] Dispatch uniform decode graphs by request phase"),
     package=__name__,
     events=(

@@ -41,10 +41,9 @@ import collections
 import contextvars
 import functools
 import inspect
-import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +67,7 @@ from vllm_graphsafe.fixes.phase_events import (
 from vllm_graphsafe.fixes.phase_rows import PrefillColumns
 from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
-from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.judging import Verdict
 
 PATCH_ID = FIX.id
 

@@ -11,12 +11,13 @@ from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
+    Point,
     Requirement,
     SetsAttribute,
     TakesParameters,
+    Verdict,
 )
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point, Verdict
 from vllm_graphsafe.vllm_layout import (
     MRV2_AUTOREGRESSIVE_SPECULATOR,
     MRV2_EAGLE_SPECULATOR,
@@ -148,7 +149,9 @@ def reads(layout: Layout) -> list[Requirement]:
     if layout["pre_step_answers"]:
         return [
             *found,
-            SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE),
+            SetsAttribute(
+                INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE
+            ),
             TakesParameters(
                 STATES_MODULE, PRE_STEP_QUESTION, ("idx_mapping_np",), SHAPE_RULE
             ),

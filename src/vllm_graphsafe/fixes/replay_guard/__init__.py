@@ -18,8 +18,8 @@ replay), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
-from vllm_graphsafe.vllm_layout import CUDA_GRAPH
 from vllm_graphsafe.fixes.fix import Fix
+from vllm_graphsafe.vllm_layout import CUDA_GRAPH
 
 #: A FULL decode graph replayed over a step whose metadata holds no prefill.
 REPLAYED = "decode_graph_replay"
@@ -65,9 +65,7 @@ FIX = Fix(
         "metadata holds a prefill without the decode graph"
     ),
     anchor=CUDA_GRAPH,
-    absent=(
-        "this vLLM has no CUDA-graph wrapper, where this guard sits"
-    ),
+    absent=("this vLLM has no CUDA-graph wrapper, where this guard sits"),
     commit_subject=(
         "[Bugfix] Never replay a FULL decode CUDA graph over prefill metadata"
     ),

@@ -27,7 +27,6 @@ from vllm_graphsafe.behaviour.fakes import (
     member,
 )
 from vllm_graphsafe.behaviour.judgement import (
-    BEHAVIOUR,
     CannotRun,
     Case,
     Evidence,
@@ -36,7 +35,7 @@ from vllm_graphsafe.behaviour.judgement import (
     judge_cases,
 )
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.vllm_layout import CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, MRV2_RUNNER
+from vllm_graphsafe.vllm_layout import CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS
 
 
 class Replay(NamedTuple):
@@ -166,9 +165,7 @@ class Target:
 
 
 def judge_source(sources: SourceReader) -> Evidence:
-    """The cases on the tree's ``CUDAGraphWrapper.__call__``; where the tree has
-    Model Runner V2 and the wrapper passes every case, its replay sites read
-    as well."""
+    """The cases on the tree's ``CUDAGraphWrapper.__call__``."""
     code = shared_code(sources)
     if not sources.has_class(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS):
         raise CannotRun(f"{CUDA_GRAPH} defines no {CUDA_GRAPH_WRAPPER_CLASS}")
@@ -181,23 +178,4 @@ def judge_source(sources: SourceReader) -> Evidence:
         code.name_or_none(CUDA_GRAPH, "CUDAGraphMode"),
         code.name_or_none(CUDA_GRAPH, "BatchDescriptor"),
     )
-    evidence = judge_cases(cases(), target.run)
-    if (
-        not sources.exists(MRV2_RUNNER)
-        or evidence.how != BEHAVIOUR
-        or evidence.failed is not None
-        or evidence.could_not_run is not None
-    ):
-        # Where the wrapper already fails a case (or could not run one), what
-        # Model Runner V2's sites say cannot make the tree native.
-        return evidence
-    from vllm_graphsafe.fixes.replay_guard.judge import mrv2_native_reason
-
-    if not mrv2_native_reason(sources):
-        return evidence._replace(
-            failed="Model Runner V2 replays its decode graphs unguarded (read: its "
-            "replay sites hand no step holding a prefill to its eager path)",
-        )
-    return evidence._replace(
-        note="Model Runner V2's replay sites read, as they cannot run on fakes",
-    )
+    return judge_cases(cases(), target.run)

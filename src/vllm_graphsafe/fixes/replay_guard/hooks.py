@@ -58,7 +58,7 @@ from vllm_graphsafe.fixes.replay_guard.judge import (
 )
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
-from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.judging import Verdict
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, FORWARD_CONTEXT, load_name
 
 PATCH_ID = FIX.id

@@ -6,11 +6,10 @@ import ast
 from typing import Any, NamedTuple
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.behaviour.judgement import BEHAVIOUR, Evidence
 from vllm_graphsafe.fixes.replay_guard.eager_branch import METADATA_LOCAL, replay_branch
-from vllm_graphsafe.judging import FixJudge, Layout, Requirement, SetsAttribute
+from vllm_graphsafe.judging import FixJudge, Layout, Point, Requirement, SetsAttribute
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point
 from vllm_graphsafe.vllm_layout import (
     CUDA_GRAPH,
     CUDA_GRAPH_WRAPPER_CLASS,
@@ -178,9 +177,29 @@ def native_reason(sources: SourceReader) -> str | None:
 
 
 def behaviour(sources: SourceReader) -> Evidence:
+    """The cases on the tree's ``CUDAGraphWrapper.__call__``; where the tree has
+    Model Runner V2 and the wrapper passes every case, its replay sites are
+    read as well (they cannot run on fakes)."""
     from vllm_graphsafe.fixes.replay_guard.behaviour import judge_source
 
-    return judge_source(sources)
+    evidence = judge_source(sources)
+    if (
+        not sources.exists(MRV2_RUNNER)
+        or evidence.how != BEHAVIOUR
+        or evidence.failed is not None
+        or evidence.could_not_run is not None
+    ):
+        # Where the wrapper already fails a case (or could not run one), what
+        # Model Runner V2's sites say cannot make the tree native.
+        return evidence
+    if not mrv2_native_reason(sources):
+        return evidence._replace(
+            failed="Model Runner V2 replays its decode graphs unguarded (read: its "
+            "replay sites hand no step holding a prefill to its eager path)",
+        )
+    return evidence._replace(
+        note="Model Runner V2's replay sites read, as they cannot run on fakes",
+    )
 
 
 JUDGE = FixJudge(

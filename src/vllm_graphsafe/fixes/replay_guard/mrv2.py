@@ -24,7 +24,7 @@ import functools
 import inspect
 import sys
 import types
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.replay_guard import (
@@ -33,8 +33,8 @@ from vllm_graphsafe.fixes.replay_guard import (
     FIX,
     REPLAYED,
 )
-from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 from vllm_graphsafe.fixes.replay_guard.judge import REPLAY, RUNNER_STEP
+from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 from vllm_graphsafe.hook_points import OnFailure
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, load_name
 

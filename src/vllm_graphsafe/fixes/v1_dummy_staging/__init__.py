@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_graphsafe.vllm_layout import V1_RUNNER
 from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 #: Dummy runs whose metadata the staging made consistent.
 STAGED_DUMMY = "staged_dummy"

@@ -15,15 +15,14 @@
 # (made from the facts in this folder's __init__.py by
 # `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
 # <!-- /generated:facts:v1-dummy-staging -->
-"""V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
-"""
+"""V1 runner: FULL dummy runs stage lengths, computed counts and positions that
+agree."""
 
 from __future__ import annotations
 
 import contextvars
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +32,14 @@ from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.v1_dummy_staging import FIX, STAGED_DUMMY
 from vllm_graphsafe.fixes.v1_dummy_staging.judge import (
     BUILD_METADATA,
+    BUILD_METADATA_PARAMETERS,
     DCP_HELPER,
     DCP_HELPER_PARAMETERS,
     DUMMY_RUN_ROLE,
 )
 from vllm_graphsafe.fixes.v1_dummy_staging.logic import stage_dummy_batch
 from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook, WrapHook
-from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.judging import Verdict
 
 PATCH_ID = FIX.id
 

@@ -11,12 +11,12 @@ from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
+    Point,
     Requirement,
     SetsAttribute,
     TakesParameters,
 )
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point
 from vllm_graphsafe.vllm_layout import (
     V1_CP_UTILS,
     V1_INPUT_BATCH,
@@ -76,7 +76,9 @@ def reads(layout: Layout) -> list[Requirement]:
     )
     if layout["stages_at_dcp_helper"]:
         found.append(
-            TakesParameters(CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER)
+            TakesParameters(
+                CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER
+            )
         )
         return found
     found += [

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_graphsafe.vllm_layout import V1_RUNNER
 from vllm_graphsafe.fixes.fix import ExtraControl, Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
+from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 
 def prompt_length_rule(runner: Any, num_reqs: int, decode_query_len: int) -> bool:

@@ -31,8 +31,8 @@ from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     counts_drafts_only_on_drafting_steps,
+    recognise_draft_counting,
 )
-from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"

@@ -32,7 +32,9 @@ def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
     """Whether this ``_prepare_inputs`` decides to count drafts from the step's
     scheduled drafts (its first decision in the def's own order); True where
     it says neither."""
-    decisions = sorted(_decisions(prepare_inputs), key=lambda a: (a.lineno, a.col_offset))
+    decisions = sorted(
+        _decisions(prepare_inputs), key=lambda a: (a.lineno, a.col_offset)
+    )
     return not decisions or _counts_from_scheduled(decisions[0])
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -60,8 +59,8 @@ from vllm_graphsafe.fixes.v1_phase_dispatch.judge import (
     SHAPE_RULE,
     SHAPE_RULE_ROLE,
 )
-from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
-from vllm_graphsafe.verdicts import Verdict
+from vllm_graphsafe.hook_points import Factory, HookPoint, OnFailure, ReplaceHook
+from vllm_graphsafe.judging import Verdict
 
 PATCH_ID = FIX.id
 
@@ -267,7 +266,7 @@ def hook_points(verdict: Verdict) -> list[HookPoint]:
     classifies first, its ``execute_model`` holding each step's scheduler output."""
     layout = verdict.layout
     counting = layout["draft_counting"]
-    factories = {
+    factories: dict[str, Factory] = {
         SHAPE_RULE_ROLE: functools.partial(
             bind_phase_aware_shape_rule,
             stale_draft_counts=layout["stale_draft_counts"],

@@ -15,12 +15,12 @@ from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
+    Point,
     Requirement,
     SetsAttribute,
     TakesParameters,
 )
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.verdicts import Point
 from vllm_graphsafe.vllm_layout import (
     COMPILATION_CONFIG,
     PARALLEL_CONFIG,
@@ -103,7 +103,9 @@ def reads(layout: Layout) -> list[Requirement]:
     ]
     if layout["stale_draft_counts"]:
         found.append(
-            SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", "spec_token_ids", SHAPE_RULE)
+            SetsAttribute(
+                INPUT_BATCH_MODULE, "InputBatch", "spec_token_ids", SHAPE_RULE
+            )
         )
     if layout["classifies_early"]:
         found += _early_reads()
@@ -133,7 +135,8 @@ def _early_reads() -> list[Requirement]:
     ]
     for owner, fields in _STEP_FIELDS.items():
         found += [
-            SetsAttribute(SCHEDULER_OUTPUT, owner, field, SHAPE_RULE) for field in fields
+            SetsAttribute(SCHEDULER_OUTPUT, owner, field, SHAPE_RULE)
+            for field in fields
         ]
     return found
 

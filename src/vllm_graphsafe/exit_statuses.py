@@ -2,19 +2,14 @@
 
 Within one command a number has one meaning. The demo runs the probe and
 returns the probe's status, so the demo's own statuses use numbers the probe
-does not. ``python -m vllm_graphsafe.cli.exit_statuses --check README.md
-docs/commands.md`` (a unit test runs it) says whether the documents' generated
-table is current; ``--write`` rewrites it.
+does not. The documents' table is one of the blocks
+``python -m vllm_graphsafe.catalogue --write`` makes (:func:`markdown`).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import textwrap
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -253,43 +248,3 @@ def markdown() -> str:
             for status in statuses
         ]
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from vllm_graphsafe.catalogue import MarkerError, replace_block, stale_blocks
-
-    parser = argparse.ArgumentParser(
-        prog="python -m vllm_graphsafe.cli.exit_statuses",
-        description="Print the exit-status table, or check/rewrite it in documents "
-        "(exit status: 0 current, 1 stale, 2 bad input).",
-    )
-    action = parser.add_mutually_exclusive_group()
-    action.add_argument("--check", metavar="DOC", type=Path, nargs="+")
-    action.add_argument("--write", metavar="DOC", type=Path, nargs="+")
-    args = parser.parse_args(argv)
-    if args.check is None and args.write is None:
-        print(markdown())
-        return 0
-    blocks = {BLOCK: markdown}
-    stale: list[str] = []
-    for path in args.check or args.write:
-        try:
-            text = path.read_text(encoding="utf-8")
-            if args.write is not None:
-                path.write_text(replace_block(text, BLOCK, markdown()), "utf-8")
-            elif stale_blocks(text, blocks):
-                stale.append(str(path))
-        except (OSError, MarkerError) as error:
-            print(f"Cannot read or write {path}: {error}.", file=sys.stderr)
-            return 2
-    for path in stale:
-        print(
-            f"{path}: the exit-status table is stale; run python -m "
-            "vllm_graphsafe.cli.exit_statuses --write on it.",
-            file=sys.stderr,
-        )
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""The package's modules import in one direction: facts -> judge -> verdict ->
+hooks, the products on top (docs/architecture.md draws it).
+
+Every import of a module of ``src/vllm_graphsafe`` counts, one inside a
+function too (only ``if TYPE_CHECKING:`` blocks are left out): none may name a
+module of a higher layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "vllm_graphsafe"
+
+#: Lowest first. A module is in the layer of its longest matching pattern.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundations",
+        (
+            "vllm_graphsafe",
+            "vllm_layout",
+            "settings",
+            "releases",
+            "source_files",
+            "private_files",
+            "exit_statuses",
+            "recognition",
+            "forwarding",
+            "hook_points",
+        ),
+    ),
+    (
+        "facts",
+        (
+            "fixes",
+            "fixes.fix",
+            "fixes.phase_events",
+            "fixes.phase_rows",
+            "fixes.scheduled_rows",
+            "fixes.*.logic",
+            "fixes.mrv2_phase_dispatch",
+            "fixes.replay_guard",
+            "fixes.v1_dummy_staging",
+            "fixes.v1_phase_dispatch",
+        ),
+    ),
+    (
+        "judge",
+        (
+            "sources",
+            "behaviour*",
+            "judging",
+            "fixes.*.judge",
+            "fixes.*.behaviour",
+            "fixes.v1_phase_dispatch.drafting",
+            "fixes.replay_guard.eager_branch",
+        ),
+    ),
+    ("verdict", ("verdicts",)),
+    (
+        "hooks",
+        (
+            "counts*",
+            "fixes.*.hooks",
+            "fixes.v1_phase_dispatch.early",
+            "fixes.replay_guard.mrv2",
+            "fixes.replay_guard.common",
+            "registry",
+        ),
+    ),
+    (
+        "products",
+        (
+            "plugin",
+            "catalogue",
+            "cli*",
+            "backport*",
+            "fixes.*.backport",
+            "fixes.*.written_tests",
+            "probe*",
+            "emulator*",
+            "local_engine*",
+            "vllm_fakes*",
+        ),
+    ),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    local = module.removeprefix("vllm_graphsafe.")
+    best: tuple[int, int] | None = None
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if fnmatch.fnmatchcase(local, pattern) and (
+                best is None or len(pattern) > best[1]
+            ):
+                best = (index, len(pattern))
+    assert best is not None, f"{module} is in no layer of this test"
+    return best[0]
+
+
+def imported(tree: ast.Module, module: str) -> set[str]:
+    """The package's modules ``tree`` imports (its own package resolved)."""
+    found: set[str] = set()
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for child in ast.walk(node))
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("vllm_graphsafe")}
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in modules():
+        layer_of(module)
+
+
+def test_no_module_imports_one_of_a_higher_layer() -> None:
+    known = modules()
+    upward = []
+    for module, path in known.items():
+        own = layer_of(module)
+        for target in imported(ast.parse(path.read_text()), module):
+            if target not in known:
+                continue  # a name imported from a module, seen as its module
+            if layer_of(target) > own:
+                upward.append(
+                    f"{module} ({LAYERS[own][0]}) imports {target} "
+                    f"({LAYERS[layer_of(target)][0]})"
+                )
+    assert upward == []
