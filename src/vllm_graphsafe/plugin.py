@@ -55,7 +55,6 @@ def register() -> None:
     # First, so that the settings (GRAPHSAFE_DISABLE included) reach the Ray
     # actors this process may start even where the patches fail or are disabled.
     send_settings_to_ray_actors()
-    _load_graph_hazard_emulator()
     first_time = _REGISTRY is None
     try:
         registry().apply_all()
@@ -198,21 +197,6 @@ def _report_write_error(
             _warn_unwritable(directory, error)
 
     return report
-
-
-# --- graph-hazard emulator (test instrument; owned by the emulator) -----------
-# Imported only when GRAPHSAFE_EMULATE_GRAPH_HAZARD is on. The patches know
-# nothing of it and it knows nothing of them; it wraps no hook point of theirs.
-def _load_graph_hazard_emulator() -> None:
-    from vllm_graphsafe.settings import emulate_graph_hazard
-
-    if emulate_graph_hazard():
-        from vllm_graphsafe import emulator
-
-        emulator.install()
-
-
-# --- end of the graph-hazard emulator block -------------------------------------
 
 
 def _vllm_logger() -> logging.Logger:

@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "products",
         (
             "plugin",
+            "emulator_plugin",
             "catalogue",
             "cli*",
             "backport*",

@@ -12,8 +12,9 @@ vocabulary from then on, as an affected GPU server's greedy output does.
 
 It observes the decision that really reaches the dispatcher, after whatever
 hooks ``_is_uniform_decode`` carries, and knows nothing of this project's
-patches (nor they of it). The plugin imports this package only when the switch
-is set; never set it on a server that answers real users.
+fixes (nor they of it). vLLM loads it as a general plugin of its own
+(:mod:`vllm_graphsafe.emulator_plugin`), which imports it only where the
+switch is set; never set it on a server that answers real users.
 """
 
 from __future__ import annotations

@@ -10,19 +10,26 @@ from tests.scripts import last_answer
 
 SWITCH = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
 
-# One fresh interpreter (the plugin's start-up is the cost): the entry point
-# runs under each switch value in turn; after each, is the emulator imported,
-# and does it wait for the V1 runner's import.
+# One fresh interpreter (the plugin's start-up is the cost): the package's
+# vLLM general plugins, found as vLLM finds them, run under each switch value
+# in turn; after each, is the emulator imported, and does it wait for the V1
+# runner's import.
 _PROBE = """
-import json, os, sys
-from vllm_graphsafe import plugin
+import importlib.metadata, json, os, sys
+plugins = [
+    entry.load()
+    for entry in importlib.metadata.entry_points(group="vllm.general_plugins")
+    if entry.value.startswith("vllm_graphsafe.")
+]
+assert len(plugins) == 2, plugins
 seen = {}
 for value in ("unset", "", "0", "no", "1"):
     if value == "unset":
         os.environ.pop("GRAPHSAFE_EMULATE_GRAPH_HAZARD", None)
     else:
         os.environ["GRAPHSAFE_EMULATE_GRAPH_HAZARD"] = value
-    plugin.register()
+    for register in plugins:
+        register()
     emulator = sys.modules.get("vllm_graphsafe.emulator")
     seen[value] = [emulator is not None, bool(emulator and emulator.installed())]
 print(json.dumps(seen))
