@@ -143,10 +143,13 @@ def worker_env(
     }
     for name in ("VLLM_GRAPHSAFE_DISABLE", "VLLM_GRAPHSAFE_STATS_DIR", "VLLM_PLUGINS"):
         env.pop(name, None)
-    if site is not None:
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, (str(site), os.environ.get("PYTHONPATH")))
+    # The repository too: the soak's workers load tests/support's step log.
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(
+            None,
+            (str(site) if site else None, os.environ.get("PYTHONPATH"), str(REPO)),
         )
+    )
     return env
 
 

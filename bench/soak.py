@@ -12,7 +12,7 @@ second. It records:
 
 - the requests completed and failed;
 - the plugin's decision counts beside two independent tallies from the
-  worker's step log (:mod:`vllm_graphsafe.local_engine.step_log`): what the
+  worker's step log (:mod:`tests.support.step_log`): what the
   scheduler's output calls for (a step whose every width is 1 + K is a
   uniform decode when the attention metadata builders run none of its rows as
   a prefill, else kept off the decode graph; any other step is non-uniform)
@@ -51,13 +51,14 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
 
 from bench import serve_load, summaries
 from bench.timing import host_description
+from tests.support import step_log
 from vllm_graphsafe.counts import read_stats_dir
 from vllm_graphsafe.fixes.phase_events import (
     KEPT_OFF_DECODE,
     NON_UNIFORM,
     UNIFORM_DECODE,
 )
-from vllm_graphsafe.local_engine import launcher, step_log
+from vllm_graphsafe.local_engine import launcher
 from vllm_graphsafe.local_engine.cpu_config import engine_kwargs
 from vllm_graphsafe.local_engine.tiny_model import build_tiny_model
 from vllm_graphsafe.settings import CACHE_DIR_ENV, STATS_DIR_ENV
@@ -307,6 +308,10 @@ def run(
             STATS_DIR_ENV: str(stats_dir),
             CACHE_DIR_ENV: os.environ.get(CACHE_DIR_ENV) or str(workdir / "verdicts"),
             step_log.STEP_LOG_ENV: str(steps_dir),
+            # The workers load the step log from the repository's tests/support.
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (os.environ.get("PYTHONPATH"), str(REPO)))
+            ),
         },
         drop=[k for k in os.environ if k.startswith(("GRAPHSAFE_", "VLLM_GRAPHSAFE_"))]
         + ["VLLM_PLUGINS"],

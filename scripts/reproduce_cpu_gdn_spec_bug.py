@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="speculative runs (2)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from vllm_graphsafe.local_engine.tiny_hybrid import build_tiny_hybrid_model
+    from tests.support.tiny_hybrid import build_tiny_hybrid_model
 
     with tempfile.TemporaryDirectory(prefix="graphsafe-gdn-repro-") as scratch:
         model_dir = build_tiny_hybrid_model(Path(scratch) / "models")

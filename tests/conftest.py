@@ -52,6 +52,12 @@ if "GRAPHSAFE_CACHE_DIR" not in os.environ:
     _verdicts = tempfile.mkdtemp(prefix="graphsafe-verdicts-")
     atexit.register(shutil.rmtree, _verdicts, True)
     os.environ["GRAPHSAFE_CACHE_DIR"] = _verdicts
+# The vLLM processes a test starts load worker extensions of tests/support.
+_REPOSITORY = str(Path(__file__).resolve().parents[1])
+if _REPOSITORY not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, (os.environ.get("PYTHONPATH"), _REPOSITORY))
+    )
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

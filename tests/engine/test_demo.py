@@ -12,7 +12,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from vllm_graphsafe.cli import demo, demo_output
+from tests.support import demo_output
+from vllm_graphsafe.cli import demo
 from vllm_graphsafe.local_engine.launcher import free_port, live_group_members
 
 #: The demo's start-up progress: seconds since it began, two spaces, the phase.

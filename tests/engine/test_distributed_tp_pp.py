@@ -36,10 +36,10 @@ from typing import Any
 
 import pytest
 
+from tests.support import step_recorder as recorder
+from tests.support.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.counts import ROLE_WORKER, read_process_files
 from vllm_graphsafe.local_engine import launcher as local
-from vllm_graphsafe.local_engine import step_recorder as recorder
-from vllm_graphsafe.local_engine.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 
 SPEC_TOKENS = 3
 STARTUP_TIMEOUT_S = 900.0

@@ -83,7 +83,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "probe*",
             "emulator*",
             "local_engine*",
-            "vllm_fakes*",
         ),
     ),
 ]

@@ -100,7 +100,7 @@ def _switches(plugin: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def hybrid_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vllm_graphsafe.local_engine.tiny_hybrid import build_tiny_hybrid_model
+    from tests.support.tiny_hybrid import build_tiny_hybrid_model
 
     cache_dir = os.environ.get("VLLM_GRAPHSAFE_CACHE") or tmp_path_factory.mktemp(
         "models"

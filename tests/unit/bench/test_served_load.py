@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from bench import report, serve_load, soak, summaries
+from tests.support import step_log
 from vllm_graphsafe import catalogue
-from vllm_graphsafe.local_engine import step_log
 
 K = serve_load.NUM_SPECULATIVE_TOKENS
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.cli import demo, demo_output
+from tests.support import demo_output
+from vllm_graphsafe.cli import demo
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,7 +6,7 @@ line). Both are generated blocks, spliced by :func:`catalogue.replace_block`.
 Save a run with its exit status on the last line, then write both blocks::
 
     { vllm-graphsafe demo; echo "exit status $?"; } > demo.log 2>&1
-    python -m vllm_graphsafe.cli.demo_output --write demo.log
+    python -m tests.support.demo_output --write demo.log
 
 ``--check`` (a unit test runs it) says whether the documented run still has the
 structure the demo prints now: the section headings in order, the kind of every
@@ -357,7 +357,7 @@ def write_documents(saved_run: str, readme: Path, full_doc: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vllm_graphsafe.cli.demo_output",
+        prog="python -m tests.support.demo_output",
         description="Check, or write from a saved run, the demo's output in "
         f"{FULL_DOC} (whole) and {README} (excerpt). Exit status: 0 current, "
         "1 stale, 2 bad input.",
