@@ -102,7 +102,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="speculative runs (2)")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path[:0] = [str(ROOT), str(ROOT / "src")]
     from tests.support.tiny_hybrid import build_tiny_hybrid_model
 
     with tempfile.TemporaryDirectory(prefix="graphsafe-gdn-repro-") as scratch:
