@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_graphsafe.fixes import dispatch_fixes
+from tests.support.fix_tests import dispatch_fixes
 
 if __package__ in (None, ""):  # run as a script: make bench and tests importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -37,8 +37,8 @@ from bench.summaries import (
     end_to_end_goals,
     resident_growth,
 )
+from tests.support.fix_tests import dispatch_fixes
 from vllm_graphsafe.catalogue import MarkerError, replace_block
-from vllm_graphsafe.fixes import dispatch_fixes
 
 # -- markdown --------------------------------------------------------------------
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from vllm_graphsafe.fixes import ExtraControl, all_fixes  # noqa: E402
+from tests.support.fix_tests import extra_controls  # noqa: E402
 
 #: The test tiers (tests/conftest.py marks each test by its folder).
 UNIT_TESTS = "tests/unit"
@@ -375,16 +375,6 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
                 f"[{label}] {run.counts.failures} tests catch it, as they must",
                 flush=True,
             )
-
-
-def extra_controls(applied: list[str]) -> list[ExtraControl]:
-    """The extra negative controls of the applied fixes (``Fix.extra_controls``)."""
-    return [
-        control
-        for fix in all_fixes()
-        if fix.id in applied
-        for control in fix.extra_controls
-    ]
 
 
 def run_venv(

@@ -38,23 +38,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO), str(REPO / "src")]
 
+from tests.support.fix_tests import plugin_form_only  # noqa: E402
 from vllm_graphsafe.backport.verify import (  # noqa: E402
     copy_package,
     find_ruff,
     new_findings,
     ruff_findings,
 )
-from vllm_graphsafe.fixes import all_fixes  # noqa: E402
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
-
-
-def plugin_form_only() -> list[str]:
-    """Regression tests that pin a plugin's runtime form rather than its fix
-    (``Fix.plugin_form_only``): not run on the edited copy."""
-    return [test for fix in all_fixes() for test in fix.plugin_form_only]
 
 
 #: Selects the regression tests of the backported fixes (``regression(ID)``

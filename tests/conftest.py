@@ -10,8 +10,9 @@ imported at all, so ``-m "not vllm"`` runs where vLLM is not installed.
 ``--negative-control=PATCH_ID`` keeps only the regression tests of that patch
 (marked ``regression(PATCH_ID)``); CI runs them with the plugin disabled on a
 release that lacks the fix and requires every one of them to fail.
-Each fix's extra controls (``Fix.extra_controls``, e.g. ``--drop-seq-len-floor``,
-which removes only the staging's sequence-length lower bound) are options too.
+Each fix's extra controls (``tests/support/fix_tests.py``, e.g.
+``--drop-seq-len-floor``, which removes only the staging's sequence-length
+lower bound) are options too.
 
 A test function whose parameter list came out empty is skipped by pytest
 ("got empty parameter set"). In a negative control that would silently drop a
@@ -33,6 +34,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
+from tests.support.fix_tests import extra_controls, tests_of
 from vllm_graphsafe.fixes import all_fixes
 
 pytest_plugins = ("tests.backport_trees",)
@@ -71,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only the regression tests of PATCH_ID",
     )
     for fix in all_fixes():
-        for control in fix.extra_controls:
+        for control in tests_of(fix.id).extra_controls:
             parser.addoption(
                 control.option,
                 action="store_true",
@@ -216,8 +218,7 @@ def select_negative_control(config: pytest.Config, items: list[pytest.Item]) -> 
 def _extra_controls(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for fix in all_fixes():
-        for control in fix.extra_controls:
-            if request.config.getoption(control.option):
-                module = importlib.import_module(control.module)
-                monkeypatch.setattr(module, control.attribute, control.replacement)
+    for control in extra_controls():
+        if request.config.getoption(control.option):
+            module = importlib.import_module(control.module)
+            monkeypatch.setattr(module, control.attribute, control.replacement)

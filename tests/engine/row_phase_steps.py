@@ -96,10 +96,10 @@ class Recorder:
 
 
 def use_prompt_length_rule() -> None:
-    from vllm_graphsafe.fixes import v1_phase_dispatch
+    from tests.support.fix_tests import tests_of
     from vllm_graphsafe.fixes.v1_phase_dispatch import hooks
 
-    (control,) = v1_phase_dispatch.FIX.extra_controls
+    (control,) = tests_of("v1-phase-dispatch").extra_controls
     setattr(hooks, control.attribute, control.replacement)
 
 

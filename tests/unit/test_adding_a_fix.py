@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from tests.support import fix_tests
+from tests.support.fix_tests import ExtraControl, FixTests
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport.plan import Plan
-from vllm_graphsafe.fixes import ExtraControl, Fix
+from vllm_graphsafe.fixes import Fix
 from vllm_graphsafe.hook_points import HookPoint
 from vllm_graphsafe.judging import FixJudge, PatchState, Verdict
 
@@ -49,6 +51,9 @@ DUMMY = Fix(
     absent="this vLLM has no dummy runner",
     package=PACKAGE,
     events=("dummy_fix_decision",),
+)
+#: What the test suite knows of it (tests/support/fix_tests.py).
+DUMMY_TESTS = FixTests(
     native_from=(0, 29),
     dispatch_runner="dummy-runner",
     extra_controls=(
@@ -95,6 +100,7 @@ def dummy_fix(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fix]:
     for module in (folder, judge, hooks, backport):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(fixes, "ALL_FIXES", (*fixes.ALL_FIXES, DUMMY))
+    monkeypatch.setitem(fix_tests.FIX_TESTS, DUMMY_ID, DUMMY_TESTS)
     yield DUMMY
 
 
@@ -152,7 +158,7 @@ def test_the_catalogue_and_readme_tables_show_it() -> None:
 
 
 def test_the_release_table_has_no_row_for_it_and_the_survey_does() -> None:
-    from vllm_graphsafe.fixes import surveyed_states
+    from tests.support.fix_tests import surveyed_states
     from vllm_graphsafe.releases import verified_releases
 
     assert verified_releases(DUMMY_ID) == ()
@@ -193,8 +199,8 @@ def test_the_sweep_table_has_a_column_for_it() -> None:
 
 def test_run_suite_runs_its_extra_negative_control() -> None:
     run_suite = _script("scripts/run_suite.py", "graphsafe_run_suite")
-    assert run_suite.extra_controls([DUMMY_ID]) == list(DUMMY.extra_controls)
-    assert DUMMY.extra_controls[0] not in run_suite.extra_controls(
+    assert run_suite.extra_controls([DUMMY_ID]) == list(DUMMY_TESTS.extra_controls)
+    assert DUMMY_TESTS.extra_controls[0] not in run_suite.extra_controls(
         ["v1-phase-dispatch"]
     )
 

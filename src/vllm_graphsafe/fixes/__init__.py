@@ -16,15 +16,13 @@ from vllm_graphsafe.fixes import (
     v1_dummy_staging,
     v1_phase_dispatch,
 )
-from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+from vllm_graphsafe.fixes.fix import Fix
 
 __all__ = [
     "ALL_FIXES",
-    "ExtraControl",
     "Fix",
     "all_fixes",
     "decision_events",
-    "dispatch_fixes",
     "fix_ids",
     "get",
 ]
@@ -56,36 +54,6 @@ def get(fix_id: str) -> Fix:
     raise KeyError(fix_id)
 
 
-def dispatch_fixes() -> dict[str, str]:
-    """Runner (``"v1"``, ``"mrv2"``) -> the id of the fix that decides its
-    CUDA-graph dispatch, for the dispatch benchmarks."""
-    return {
-        fix.dispatch_runner: fix.id
-        for fix in all_fixes()
-        if fix.dispatch_runner is not None
-    }
-
-
 def decision_events() -> list[str]:
     """Every decision event a fix counts, each once, in the fixes' order."""
     return list(dict.fromkeys(event for fix in all_fixes() for event in fix.events))
-
-
-#: The minor releases whose code was surveyed for each fix (``Fix.native_from``).
-SURVEYED = ((0, 20), (0, 33))
-
-
-def surveyed_states(version: str) -> dict[str, str] | None:
-    """The state each fix reaches on ``version`` by the survey, or None outside
-    it: ``native`` from the release a fix's code landed in, else ``applied``."""
-    from vllm_graphsafe.releases import minor_of
-
-    minor = minor_of(version)
-    if not SURVEYED[0] <= minor <= SURVEYED[1]:
-        return None
-    return {
-        fix.id: "native"
-        if fix.native_from is not None and minor >= fix.native_from
-        else "applied"
-        for fix in all_fixes()
-    }

@@ -22,6 +22,7 @@ from tests.release.native_variants import (
     is_native,
     judge,
 )
+from tests.support.fix_tests import surveyed_states
 from vllm_graphsafe import fixes
 from vllm_graphsafe.behaviour.judgement import BEHAVIOUR
 
@@ -71,7 +72,7 @@ def test_each_variant_on_the_release_tree(variant: Variant) -> None:
 
 @pytest.mark.parametrize("fix", [fix.id for fix in fixes.all_fixes()])
 def test_the_pristine_release_is_judged_as_surveyed(fix: str) -> None:
-    expected = fixes.surveyed_states(release_version())
+    expected = surveyed_states(release_version())
     assert expected is not None
     patch = judge(release_root(), fix, {})
     assert patch.evidence is not None and patch.evidence.how == BEHAVIOUR

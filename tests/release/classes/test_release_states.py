@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vllm_graphsafe.fixes import surveyed_states
+from tests.support.fix_tests import surveyed_states
 
 V1_FIXES = ("v1-phase-dispatch", "v1-dummy-staging")
 #: The releases CI installs: their exact rows are checked on every run.

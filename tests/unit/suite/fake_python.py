@@ -28,11 +28,12 @@ from pathlib import Path
 SCENARIO = os.environ["FAKE_SCENARIO"]
 TESTS = 3
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
-from vllm_graphsafe.fixes import all_fixes  # noqa: E402
+_ROOT = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(_ROOT), str(_ROOT / "src")]
+from tests.support.fix_tests import extra_controls  # noqa: E402
 
-#: The options that remove one piece of a fix (``Fix.extra_controls``).
-CONTROL_OPTIONS = {c.option for fix in all_fixes() for c in fix.extra_controls}
+#: The options that remove one piece of a fix (``tests/support/fix_tests.py``).
+CONTROL_OPTIONS = {control.option for control in extra_controls()}
 
 
 def junit(path: str, failures: int = 0, errors: int = 0, tests: int = TESTS) -> None:

@@ -57,6 +57,4 @@ FIX = Fix(
         *PHASE_RULE_EVENTS,
         *(DRAFT_EVENT_PREFIX + event for event in PHASE_RULE_EVENTS),
     ),
-    native_from=(0, 28),
-    dispatch_runner="mrv2",
 )

@@ -70,18 +70,6 @@ FIX = Fix(
         "[Bugfix] Never replay a FULL decode CUDA graph over prefill metadata"
     ),
     package=__name__,
-    # The plugin counts and warns in its own words; the source edit logs
-    # vLLM's warning once and counts nothing.
-    plugin_form_only=(
-        "tests/release/classes/test_replay_guard.py::"
-        "test_the_fallback_is_counted_and_a_replay_too",
-        "tests/release/classes/test_replay_guard.py::"
-        "test_one_warning_per_process_with_the_steps_shape",
-        "tests/release/classes/test_replay_guard_mrv2.py::"
-        "test_target_fallbacks_and_replays_are_counted",
-        "tests/release/classes/test_replay_guard_mrv2.py::"
-        "test_draft_fallbacks_are_counted_apart",
-    ),
     events=(
         REPLAYED,
         FELL_BACK,

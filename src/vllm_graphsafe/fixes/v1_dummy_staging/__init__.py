@@ -7,18 +7,11 @@ hooks (``hooks``), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
-from typing import Any
-
-from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+from vllm_graphsafe.fixes.fix import Fix
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 #: Dummy runs whose metadata the staging made consistent.
 STAGED_DUMMY = "staged_dummy"
-
-
-def _requested_length(requested: Any, num_scheduled: Any) -> Any:
-    """The staging's sequence length without its lower bound (the control)."""
-    return requested
 
 
 FIX = Fix(
@@ -54,19 +47,4 @@ FIX = Fix(
     ),
     package=__name__,
     events=(STAGED_DUMMY,),
-    extra_controls=(
-        ExtraControl(
-            option="--drop-seq-len-floor",
-            removes="sequence-length lower bound removed",
-            module=f"{__name__}.logic",
-            attribute="seq_len_floor",
-            replacement=_requested_length,
-            tests=(
-                "tests/release/classes/test_v1_dummy_staging.py",
-                "-k",
-                "short_override or profile_length_with_four",
-            ),
-            caught="the negative length",
-        ),
-    ),
 )

@@ -11,21 +11,9 @@ writes (``written_tests``); the row rules live in ``fixes.phase_rows`` and
 
 from __future__ import annotations
 
-from typing import Any
-
-from vllm_graphsafe.fixes.fix import ExtraControl, Fix
+from vllm_graphsafe.fixes.fix import Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 from vllm_graphsafe.vllm_layout import V1_RUNNER
-
-
-def prompt_length_rule(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
-    """The earlier rule, every row had computed its whole prompt (the control)."""
-    batch = runner.input_batch
-    past_prompt = (
-        batch.num_computed_tokens_cpu[:num_reqs] >= batch.num_prompt_tokens[:num_reqs]
-    )
-    return bool(past_prompt.all())
-
 
 FIX = Fix(
     id="v1-phase-dispatch",
@@ -74,27 +62,4 @@ FIX = Fix(
     ),
     package=__name__,
     events=PHASE_RULE_EVENTS,
-    dispatch_runner="v1",
-    extra_controls=(
-        ExtraControl(
-            option="--prompt-length-rule",
-            removes="row rule replaced by the prompt-length predicate",
-            module=f"{__name__}.hooks",
-            attribute="rows_are_decodes",
-            replacement=prompt_length_rule,
-            tests=(
-                "tests/release/classes/test_v1_phase_dispatch.py",
-                "-k",
-                "builders_classify",
-            ),
-            caught="a re-prefill or padded row classified by prompt length",
-        ),
-    ),
-    # The plugin makes ``_is_uniform_decode`` phase-aware *on a runner
-    # instance*, while the source fix keeps vLLM's static shape rule (upstream's
-    # tests call it on the class) and checks the phase in the dispatch.
-    plugin_form_only=(
-        "tests/release/classes/test_v1_phase_dispatch.py::"
-        "test_the_rule_on_a_runner_takes_keywords_or_positions",
-    ),
 )
