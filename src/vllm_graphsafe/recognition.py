@@ -81,16 +81,11 @@ def module_binds(tree: ast.Module, name: str) -> bool:
     return any(name in _names_bound(node) for node in tree.body)
 
 
-def binding_statement(body: Iterable[ast.stmt], name: str) -> ast.stmt | None:
-    """The first statement of ``body`` that binds ``name`` when it runs: a def,
-    class, import or assignment, or one inside an ``if``, ``try`` or ``with``
-    there (an ``if TYPE_CHECKING:`` body binds nothing at run time)."""
-    return first_bindings(body).get(name)
-
-
 def first_bindings(body: Iterable[ast.stmt]) -> dict[str, ast.stmt]:
     """Each name ``body`` binds when it runs, with the first statement that
-    binds it (as :func:`binding_statement` finds it, for every name at once)."""
+    binds it: a def, class, import or assignment, or one inside an ``if``,
+    ``try`` or ``with`` there (an ``if TYPE_CHECKING:`` body binds nothing at
+    run time)."""
     found: dict[str, ast.stmt] = {}
     for node in body:
         inner: list[ast.stmt] = []

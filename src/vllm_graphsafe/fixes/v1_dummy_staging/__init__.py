@@ -36,7 +36,10 @@ FIX = Fix(
         "`_build_attention_metadata` (0.22)"
     ),
     upstream=("vllm-project/vllm#54604",),
-    delete_when="_dummy_run stages positions and computed lengths itself",
+    delete_when=(
+        "the oldest vLLM you serve has no V1 model runner (0.34 removed it): "
+        "no release has upstream's fix, so it retires with the runner"
+    ),
     anchor=V1_RUNNER,
     absent=(
         "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "

@@ -11,7 +11,8 @@
 # Binds to: _dummy_run and prepare_dcp_dummy_context_metadata (0.27+) or
 #   _build_attention_metadata (0.22)
 # Upstream: vllm-project/vllm#54604
-# Delete when: _dummy_run stages positions and computed lengths itself
+# Delete when: the oldest vLLM you serve has no V1 model runner (0.34 removed it): no
+#   release has upstream's fix, so it retires with the runner
 # (made from the facts in this folder's __init__.py by
 # `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
 # <!-- /generated:facts:v1-dummy-staging -->

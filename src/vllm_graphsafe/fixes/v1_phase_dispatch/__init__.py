@@ -51,7 +51,10 @@ FIX = Fix(
         "vllm-project/vllm#47123",
         "vllm-project/vllm#53059",
     ),
-    delete_when="the V1 runner's uniform-decode test reads each row's phase",
+    delete_when=(
+        "the oldest vLLM you serve has no V1 model runner (0.34 removed it): "
+        "no release has upstream's fix, so it retires with the runner"
+    ),
     anchor=V1_RUNNER,
     absent=(
         "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "

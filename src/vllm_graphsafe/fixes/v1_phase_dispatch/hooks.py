@@ -19,7 +19,8 @@
 #   state: there both calls decide from the step's scheduler output
 # Upstream: vllm-project/vllm#49918, vllm-project/vllm#53051, vllm-project/vllm#47123,
 #   vllm-project/vllm#53059
-# Delete when: the V1 runner's uniform-decode test reads each row's phase
+# Delete when: the oldest vLLM you serve has no V1 model runner (0.34 removed it): no
+#   release has upstream's fix, so it retires with the runner
 # (made from the facts in this folder's __init__.py by
 # `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
 # <!-- /generated:facts:v1-phase-dispatch -->
