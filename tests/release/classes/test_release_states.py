@@ -107,7 +107,7 @@ def test_the_expected_row_follows_the_survey(version: str, mrv2: str) -> None:
 
 def test_a_release_outside_the_survey_has_no_exact_row() -> None:
     assert expected_states("0.19.1") is None
-    assert expected_states("0.34.0") is None
+    assert expected_states("0.35.0") is None
 
 
 @pytest.mark.parametrize("flag", [[], ["--no-import"]])
