@@ -9,6 +9,7 @@ vLLM's scheduler output, independently of the plugin.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: The configurations of each K, in the order they run and are reported.
@@ -97,6 +98,30 @@ def verdicts(k: int, results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
             f"{counted} counted, {boundary} boundary steps seen by the step recorder",
         )
     return out
+
+
+def summarize(
+    results: Mapping[tuple[int, str], dict[str, Any]], ks: Sequence[int], dtype: str
+) -> dict[str, Any]:
+    """The run's summary from each engine's result, keyed by (K, configuration)."""
+    first = next((r for r in results.values() if "gpu" in r), {})
+    configs = {
+        f"k{k}": {m: results.get((k, m), {"status": "not run"}) for m in MODES}
+        for k in ks
+    }
+    return {
+        "gpu": first.get("gpu"),
+        "vllm": first.get("vllm"),
+        "torch": first.get("torch"),
+        "dtype": dtype,
+        "configs": configs,
+        "verdicts": [c for k in ks for c in verdicts(k, configs[f"k{k}"])],
+        "throughput": [
+            {"k": k, "off": results.get((k, "tput-off")), "on": results[(k, "tput-on")]}
+            for k in ks
+            if (k, "tput-on") in results
+        ],
+    }
 
 
 def throughput_line(tput: dict[str, Any]) -> str:

@@ -359,7 +359,7 @@ class Driver:
         self.deadline: float = time.monotonic() + args.budget_s
         self.parallel: int = args.parallel
         self.rehearsal: bool = args.rehearse_on_cpu
-        self.results: dict[str, dict[str, Any]] = {}
+        self.results: dict[tuple[int, str], dict[str, Any]] = {}
         self.logs = self.out / "engine-logs.txt"
 
     def left(self) -> float:
@@ -380,7 +380,7 @@ class Driver:
             batch, queue = queue[:at_once], queue[at_once:]
             if self.left() < needs_s:
                 for engine_id in batch + queue:
-                    self.results[engine_id.name] = {
+                    self.results[engine_id] = {
                         "status": f"not started: {self.left():.0f} s left, "
                         f"{needs_s:.0f} s needed"
                     }
@@ -447,42 +447,11 @@ class Driver:
         with self.logs.open("a") as out:
             out.write(f"===== {engine_id.name}: {result['status']} ({seconds:.0f} s)\n")
             out.write(log[-60_000:] + "\n")
-        self.results[engine_id.name] = result
+        self.results[engine_id] = result
         print(f"{engine_id.name}: {result['status']} in {seconds:.0f} s", flush=True)
 
-    def summary(self, ks: Sequence[int]) -> dict[str, Any]:
-        configs: dict[str, dict[str, Any]] = {}
-        checks = []
-        throughput = []
-        first = next((r for r in self.results.values() if "gpu" in r), {})
-        for k in ks:
-            per_mode = {
-                m: self.results.get(Engine(k, m).name, {"status": "not run"})
-                for m in report.MODES
-            }
-            configs[f"k{k}"] = per_mode
-            checks += report.verdicts(k, per_mode)
-            if Engine(k, "tput-on").name in self.results:
-                throughput.append(
-                    {
-                        "k": k,
-                        "off": self.results.get(Engine(k, "tput-off").name),
-                        "on": self.results.get(Engine(k, "tput-on").name),
-                    }
-                )
-        return {
-            "gpu": first.get("gpu"),
-            "vllm": first.get("vllm"),
-            "torch": first.get("torch"),
-            "dtype": self.dtype,
-            "configs": configs,
-            "verdicts": checks,
-            "throughput": throughput,
-            "ran_on_gpu": bool(first),
-        }
-
     def write(self, ks: Sequence[int]) -> dict[str, Any]:
-        summary = self.summary(ks)
+        summary = report.summarize(self.results, ks, self.dtype)
         manifest = self.work / "manifest.json"
         if manifest.is_file():
             summary["kit"] = {

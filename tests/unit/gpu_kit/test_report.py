@@ -125,3 +125,25 @@ def test_the_table_shows_each_configuration_and_the_throughput_ratio() -> None:
     assert "- K=3 NOT JUDGED: on: x (not judged)" in text
     assert "on/off = 0.980" in text and "same tokens" in text
     assert "block size 272; prefix_tail/k_plus_1 found 272 tokens in the prefix" in text
+
+
+def test_the_summary_keys_each_engine_by_k_and_configuration() -> None:
+    tput = {"status": "ran", "runs": [1.0], "tokens_per_s": 1.0, "answers": {}}
+    results = {
+        (3, "eager"): {**ran(ORACLE), "gpu": "NVIDIA H200", "vllm": "0.24.0"},
+        (3, "on"): ran(ORACLE, v1_phase_dispatch__prefill_kept_off_decode_graph=2),
+        (3, "tput-off"): tput,
+        (3, "tput-on"): tput,
+    }
+
+    summary = report.summarize(results, [3, 0], "float32")
+
+    assert (summary["gpu"], summary["vllm"], summary["dtype"]) == (
+        "NVIDIA H200",
+        "0.24.0",
+        "float32",
+    )
+    assert summary["configs"]["k0"]["eager"] == {"status": "not run"}
+    assert summary["configs"]["k3"]["off"] == {"status": "not run"}
+    assert [t["k"] for t in summary["throughput"]] == [3]
+    assert {c["k"] for c in summary["verdicts"]} == {0, 3}
