@@ -75,7 +75,7 @@ ENGINE_MODULES = (
     "vllm.v1.sample.sampler",
     "vllm.vllm_flash_attn",
     "vllm_graphsafe.plugin",
-    "vllm_graphsafe.local_engine.step_recorder",
+    "tests.support.step_recorder",
 )
 
 
@@ -176,7 +176,8 @@ def outside(args: argparse.Namespace) -> int:
         driver = stub_driver(site, Path(scratch) / "driver")
         env = {
             **os.environ,
-            "PYTHONPATH": str(site),
+            # The checkout too: tests/support has the step recorder, the tiny model.
+            "PYTHONPATH": os.pathsep.join((str(site), str(ROOT))),
             "LD_LIBRARY_PATH": str(driver),
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "VLLM_USE_V2_MODEL_RUNNER": "0",
@@ -335,7 +336,7 @@ def check_config(scratch: Path) -> str:
     from vllm.config import CUDAGraphMode
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_graphsafe.local_engine.tiny_hybrid import build_tiny_hybrid_model
+    from tests.support.tiny_hybrid import build_tiny_hybrid_model
 
     model = str(build_tiny_hybrid_model(scratch / "models"))
     shapes = []
@@ -380,7 +381,7 @@ def check_doctor() -> str:
 
 
 def check_recorder() -> str:
-    from vllm_graphsafe.local_engine import step_recorder
+    from tests.support import step_recorder
 
     wrapped = step_recorder.RUNNER_MODULE
     runner = importlib.import_module(wrapped)

@@ -45,7 +45,8 @@ if [ -f "$KIT/triton-cache.tar.xz" ] && [ ! -d "$WORK/triton-cache" ]; then
     fi
 fi
 
-export PYTHONPATH="$WORK/site"
+# The checkout too: the step recorder and the tiny model are tests/support's.
+export PYTHONPATH="$WORK/site:$PWD"
 python3 "$KIT/run.py" --work "$WORK" --out "$OUT" "$@"
 status=$?
 

@@ -6,11 +6,11 @@ usage: run.py --work DIR --out DIR [--ks 3,0] [--budget-s S] [--parallel N]
 
 ``device.sh`` starts it on the GPU machine with the kit's vLLM on PYTHONPATH.
 It builds the tiny Qwen3-Next (3 gated delta-net layers, 1 attention layer;
-this project's ``local_engine.tiny_hybrid``, seeded) and runs the same
+this project's ``tests/support/tiny_hybrid.py``, seeded) and runs the same
 requests (``workload.py``) in one fresh in-process engine per configuration:
 eager (the oracle), FULL decode graphs with the plugin off
 (``GRAPHSAFE_DISABLE=all``), with it on, and with the replay guard alone. A
-step recorder (``local_engine.step_recorder``) counts the boundary steps from
+step recorder (``tests/support/step_recorder.py``) counts the boundary steps from
 vLLM's scheduler output; the plugin's counts are read from
 ``GRAPHSAFE_STATS_DIR``. Two more engines time a decode-only workload with the
 plugin on and without it (``VLLM_PLUGINS=''``). The engines of one phase run
@@ -50,6 +50,12 @@ from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# Run from the checkout's root: the step recorder and the tiny model are its
+# tests/support's, here and in the engine's processes.
+sys.path.append(os.getcwd())
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, (os.environ.get("PYTHONPATH"), os.getcwd()))
+)
 
 import report  # noqa: E402
 import workload  # noqa: E402
@@ -100,7 +106,7 @@ class Engine(NamedTuple):
 
 
 def engine_kwargs(k: int, mode: str, dtype: str) -> dict[str, Any]:
-    from vllm_graphsafe.local_engine import step_recorder
+    from tests.support import step_recorder
     from vllm_graphsafe.local_engine.cpu_config import speculative_config
 
     sizes = [n * (k + 1) for n in (1, 2, 4, 8)]
@@ -234,7 +240,7 @@ def run_engine(
     import vllm
     from vllm import LLM
 
-    from vllm_graphsafe.local_engine import step_recorder
+    from tests.support import step_recorder
 
     started = time.monotonic()
     if rehearsal and engine_id.k:
@@ -465,7 +471,7 @@ class Driver:
 
 
 def drive(args: argparse.Namespace) -> int:
-    from vllm_graphsafe.local_engine.tiny_hybrid import build_tiny_hybrid_model
+    from tests.support.tiny_hybrid import build_tiny_hybrid_model
 
     args.out.mkdir(parents=True, exist_ok=True)
     driver = Driver(args)
