@@ -11,7 +11,7 @@ replay in the release's ``execute_model`` and in each speculator's draft
 prefill (:mod:`vllm_graphsafe.vllm_fakes.mrv2_replay`). A step whose metadata
 counts the extension as a decode replays, and a replay is counted; a step whose
 metadata holds a real prompt row of the decode width (a K+1-token chunk, or a
-first one-token prompt without speculation) runs eagerly and is counted.
+first one-token prompt without speculation) runs vLLM's eager path instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from vllm_graphsafe import counts
-from vllm_graphsafe.fixes.replay_guard import DRAFT_EVENT_PREFIX, FELL_BACK, REPLAYED
+from vllm_graphsafe.fixes.replay_guard import DRAFT_EVENT_PREFIX, REPLAYED
 from vllm_graphsafe.vllm_fakes import hybrid_metadata
 from vllm_graphsafe.vllm_fakes import mrv2_replay as fakes
 from vllm_graphsafe.vllm_fakes.mrv2_state import Req
@@ -127,8 +127,9 @@ def test_a_prompt_row_of_the_decode_width_leaves_the_graph(
     metadata = hybrid_metadata.step_metadata(prompt_chunk(k), k, builder, monkeypatch)
     assert prefill_rows(metadata) == 1, "the release's builder counts no prefill"
 
-    record, prefix = replay_step(site, k, metadata, monkeypatch)
+    record, _ = replay_step(site, k, metadata, monkeypatch)
 
+    # vLLM's eager path ran instead of the graph (what the plugin counts is
+    # the counting tests' concern: a source edit of the fix counts nothing).
     assert record.replays == 0
     assert len(record.model_calls) + len(record.draft_prefills) == 1
-    assert counts.STATS.snapshot().get(PATCH_ID, {}) == {prefix + FELL_BACK: 1}
