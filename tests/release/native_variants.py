@@ -26,13 +26,15 @@ from pathlib import Path
 
 from vllm_graphsafe.backport import Judged, judge_one, planner
 from vllm_graphsafe.backport.tree import Tree
-from vllm_graphsafe.fixes import v1_phase_dispatch
+from vllm_graphsafe.fixes import v1_dummy_staging, v1_phase_dispatch
 from vllm_graphsafe.fixes.v1_phase_dispatch.judge import DISPATCH
 from vllm_graphsafe.judging import PatchState
 
 V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 MRV2_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 V1_DISPATCH = DISPATCH.rsplit(".", 1)[-1]
+#: The fixes whose variants edit the V1 runner.
+V1_FIXES = frozenset({v1_phase_dispatch.FIX.id, v1_dummy_staging.FIX.id})
 
 #: relpath -> text: the files a variant changes.
 Edited = dict[str, str]
@@ -53,6 +55,8 @@ class Variant:
     requires: str | None = None
 
     def applies(self, root: Path, kind: str) -> bool:
+        if self.fix in V1_FIXES and not (root / V1_RUNNER).is_file():
+            return False  # vLLM 0.34 removed the V1 runner these variants edit
         return self.tree in (None, kind) and (
             self.requires is None
             or any(self.requires in _read(root, f) for f in _mrv2_files(root))

@@ -11,6 +11,10 @@ build their runners with these modules, so all of them exercise the same state:
 - :mod:`.v1_dummy`: a V1 runner for ``_dummy_run``, recording the metadata it stages.
 - :mod:`.mrv2_state`: Model Runner V2 request states, steps and input batches.
 - :mod:`.mrv2_speculators`: MRV2 speculators, up to their dispatch.
+- :mod:`.mrv2_replay`: MRV2 steps and speculators run to their FULL-graph
+  replays and on to their end.
+- :mod:`.hybrid_metadata`: a step's attention metadata from the release's own
+  hybrid-model state and GDN or Mamba2 builder.
 
 Importing them imports neither vLLM nor torch; the functions that build state
 import the installed release (and torch) when called.

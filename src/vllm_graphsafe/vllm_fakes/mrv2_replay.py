@@ -16,15 +16,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
+import numpy as np
+
 from vllm_graphsafe import vllm_layout
 
 NUM_TOKENS, NUM_REQS, WIDTH = 8, 2, 4
 HIDDEN = 4
+#: Length of the speculators' ``arange_np`` (row offsets of uniform queries).
+MAX_ARANGE = 64
 
 
 @dataclass
@@ -35,16 +40,21 @@ class ReplayRecord:
     model_calls: list[Any] = field(default_factory=list)
     #: What each ``set_forward_context`` was given (its keyword arguments).
     contexts: list[dict[str, Any]] = field(default_factory=list)
-    #: The eager draft prefill's keyword arguments, per call.
+    #: The eager draft prefill's arguments by name, per call.
     draft_prefills: list[dict[str, Any]] = field(default_factory=list)
+    #: Replays of a speculator's draft decode graph.
+    draft_replays: int = 0
+    #: The eager draft decode steps' arguments by name, per call.
+    draft_decodes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Graph:
-    def __init__(self, record: ReplayRecord) -> None:
+    def __init__(self, record: ReplayRecord, counter: str = "replays") -> None:
         self.record = record
+        self.counter = counter
 
     def replay(self) -> None:
-        self.record.replays += 1
+        setattr(self.record, self.counter, getattr(self.record, self.counter) + 1)
 
 
 def modes() -> Any:
@@ -182,8 +192,12 @@ def make_runner(
         model=_recording_model(record),
         prepare_inputs=lambda *args, **kwargs: input_batch,
         prepare_attn=lambda batch: (mock.MagicMock(), mock.MagicMock()),
+        # The batch state the dispatch is told (the dispatch itself is the
+        # test's): 0.34 reads decode_graph_eligible, 0.32-0.33 has_prefill.
         gather_batch_req_state=lambda *args: (
-            SimpleNamespace(num_tokens=NUM_TOKENS, has_prefill=False),
+            SimpleNamespace(
+                num_tokens=NUM_TOKENS, has_prefill=False, decode_graph_eligible=True
+            ),
             WIDTH,
         ),
         # The dispatch's uniform count, where a tree's own step asks a method
@@ -222,21 +236,93 @@ def run_target_step(runner: Any) -> Any:
     return runner.execute_model_state.hidden_states
 
 
-# -- a speculator's draft prefill -------------------------------------------------
+# -- a speculator's draft steps -----------------------------------------------------
 
 
 def speculator_module_names() -> list[tuple[str, str]]:
-    """The release's speculators (module, class) whose ``propose`` dispatches
-    a draft prefill."""
-    from vllm_graphsafe.vllm_fakes import mrv2_speculators
+    """The release's speculators (module, class) whose own ``propose`` replays
+    a FULL draft-prefill graph (0.34: the target-dependent and the standalone
+    drafters, multi-module MTP)."""
+    from vllm_graphsafe.sources import SourceReader
 
-    return list(mrv2_speculators.speculator_classes())
+    sources = SourceReader()
+    return [
+        (module, name)
+        for module, name in vllm_layout.MRV2_SPECULATORS
+        if "run_fullgraph(" in (sources.function(module, f"{name}.propose") or "")
+    ]
 
 
-#: The speculators' eager draft paths (the ``else`` of their replay).
+def draft_decode_loops(module_name: str, class_name: str) -> list[bool]:
+    """How the speculator replays its draft decode graph: ``False`` once per
+    draft step (``_multi_step_decode``), ``True`` once for all of them (the
+    fused loop, 0.32+, where the drafter's backends update their metadata in
+    the graph); empty where it has no FULL draft decode."""
+    cls = getattr(importlib.import_module(module_name), class_name)
+    loops = []
+    for fused, names in ((False, _DECODE_LOOPS), (True, _FUSED_DECODE_LOOPS)):
+        method = next((getattr(cls, n) for n in names if hasattr(cls, n)), None)
+        if method is not None and "run_fullgraph(" in inspect.getsource(method):
+            loops.append(fused)
+    return loops
+
+
+#: The speculators' eager draft-prefill paths (the ``else`` of their replay).
 EAGER_DRAFT_METHODS = ("_prefill", "prefill", "_generate_drafts")
-#: Module-level kernels the MTP speculator launches before its replay.
-_DRAFT_KERNELS = ("pad_trailing_draft_slots", "build_slot_mappings_by_layer")
+#: Their draft decode loops, per step and fused, by release.
+_DECODE_LOOPS = ("_multi_step_decode", "multi_step_decode")
+_FUSED_DECODE_LOOPS = ("_run_fused_multi_step_decode", "_fused_multi_step_decode")
+#: Eager draft-decode and DFlash query steps (those that replay no graph).
+EAGER_DRAFT_DECODE_METHODS = (
+    "_decode",
+    "_generate_draft",
+    "generate_draft",
+    "_generate_fused_drafts",
+    "_fused_multi_step_decode",
+)
+#: GPU work on the way to a replay, left out (its results are not read here).
+_DRAFT_PREPARATION = (
+    "_prepare_decode_inputs",
+    "_prepare_graph_replay",
+    "_store_hidden_states",
+    "prepare_context_anchor",
+    "_precompute_context_kv",
+)
+#: Module-level kernels the speculators launch before their replay.
+_DRAFT_KERNELS = (
+    "pad_trailing_draft_slots",
+    "build_slot_mappings_by_layer",
+    "prepare_dflash_inputs",
+)
+
+
+def _graph_manager(cls: type, graphs: dict[Any, Graph]) -> Any:
+    """The release's graph manager of speculator graphs (its
+    ``SpeculatorCudaGraphManager`` where it has one) holding ``graphs``."""
+    manager_class = vllm_layout.load_name(
+        vllm_layout.MRV2_CUDAGRAPH_UTILS, "CudaGraphManager"
+    )
+    for base in cls.__mro__:
+        found = getattr(
+            importlib.import_module(base.__module__), "SpeculatorCudaGraphManager", None
+        )
+        if found is not None:
+            manager_class = found
+            break
+    manager = object.__new__(manager_class)
+    manager.__dict__["graphs"] = graphs
+    return manager
+
+
+def _recorder(method: Any, calls: list[dict[str, Any]]) -> Any:
+    """Stands for ``method``: records each call's arguments by name."""
+    signature = inspect.signature(method)
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(None, *args, **kwargs)
+        calls.append(dict(list(bound.arguments.items())[1:]))
+
+    return record
 
 
 def make_speculator(
@@ -245,46 +331,79 @@ def make_speculator(
     monkeypatch: Any,
     desc: Any,
     attn_metadata: Any,
+    *,
+    steps: int = 1,
+    decode_desc: Any = None,
+    fused: bool = False,
 ) -> tuple[Any, ReplayRecord]:
-    """A speculator whose ``propose`` dispatches its draft prefill to ``desc``
-    (one speculative step: it returns after the draft prefill); a speculator
-    that builds its own draft metadata (MTP) builds ``attn_metadata``."""
+    """A speculator whose ``propose`` dispatches its draft prefill (DFlash: its
+    query) to ``desc``, and its draft decode steps to ``decode_desc``, with
+    ``steps`` speculative tokens; whatever metadata it builds for its own
+    graphs is ``attn_metadata``. ``fused``: its attention backends update the
+    draft decode metadata inside the graph (the fused decode loop)."""
     from vllm_graphsafe.vllm_fakes import mrv2_speculators
 
-    module = importlib.import_module(module_name)
     speculator, _ = mrv2_speculators.make_speculator(
-        module_name, class_name, 1, monkeypatch, stop_at=10**9
+        module_name, class_name, steps, monkeypatch, stop_at=10**9
     )
-    speculator.__class__ = _permissive(type(speculator))
+    cls = type(speculator)
+    speculator.__class__ = _permissive(cls)
     record = ReplayRecord()
-    monkeypatch.setattr(module, "dispatch_cg_and_sync_dp", lambda *a, **k: (desc, None))
-    manager_class = vllm_layout.load_name(
-        vllm_layout.MRV2_CUDAGRAPH_UTILS, "CudaGraphManager"
+    dispatch = inspect.signature(
+        vllm_layout.load_name(vllm_layout.MRV2_DP_UTILS, "dispatch_cg_and_sync_dp")
     )
-    manager = object.__new__(manager_class)
-    manager.__dict__["graphs"] = {desc: Graph(record)}
 
-    def eager_prefill(*args: Any, **kwargs: Any) -> None:
-        record.draft_prefills.append({"args": args, **kwargs})
+    def dispatched(*args: Any, **kwargs: Any) -> Any:
+        count = dispatch.bind(*args, **kwargs).arguments.get("uniform_token_count")
+        return (decode_desc if decode_desc is not None and count == 1 else desc), None
 
-    speculator.__dict__.update(
+    for module in mrv2_speculators.lineage_modules(cls):
+        monkeypatch.setattr(module, "dispatch_cg_and_sync_dp", dispatched)
+        for name in _DRAFT_KERNELS:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, lambda *args, **kwargs: {})
+    manager = _graph_manager(cls, {desc: Graph(record)})
+    own = speculator.__dict__
+    own.update(
         prefill_cudagraph_manager=manager,
         cudagraph_manager=manager,
+        query_cudagraph_manager=manager,
         decode_cudagraph_manager=None,
-        _build_attn_metadata=lambda *args, **kwargs: attn_metadata,
-        _build_draft_attn_metadata=lambda *args, **kwargs: attn_metadata,
+        supports_decode_metadata_update=fused,
+        # The draft prefill runs on the target's metadata (0.34's default).
+        can_reuse_target_attn_metadata=True,
+        num_query_per_req=WIDTH,
+        draft_kv_cache_group_id=0,
+        draft_kv_cache_group_ids=[],
+        arange_np=np.arange(MAX_ARANGE, dtype=np.int32),
     )
+    for name in (
+        "_build_attn_metadata",
+        "_build_draft_attn_metadata",
+        "_build_uniform_attn_metadata",
+    ):
+        own[name] = lambda *args, **kwargs: attn_metadata
+    if decode_desc is not None:
+        own["decode_cudagraph_manager"] = _graph_manager(
+            cls, {decode_desc: Graph(record, "draft_replays")}
+        )
+    for name in (*_DECODE_LOOPS, *_FUSED_DECODE_LOOPS):
+        own.pop(name, None)  # the release's own loops run
     for name in EAGER_DRAFT_METHODS:
-        if hasattr(type(speculator), name):
-            speculator.__dict__[name] = eager_prefill
-    for name in _DRAFT_KERNELS:
-        if hasattr(module, name):
-            monkeypatch.setattr(module, name, lambda *args, **kwargs: {})
+        if hasattr(cls, name):
+            own[name] = _recorder(getattr(cls, name), record.draft_prefills)
+    for name in EAGER_DRAFT_DECODE_METHODS:
+        method = getattr(cls, name, None)
+        if method is not None and "run_fullgraph(" not in inspect.getsource(method):
+            own[name] = _recorder(method, record.draft_decodes)
+    for name in _DRAFT_PREPARATION:
+        own[name] = lambda *args, **kwargs: None
     return speculator, record
 
 
 def propose(speculator: Any, attn_metadata: Any) -> None:
-    """The release's ``propose`` on a target batch of ``NUM_REQS`` rows."""
+    """The release's ``propose`` on a target batch of ``NUM_REQS`` rows whose
+    step ran on ``attn_metadata``."""
     import torch
 
     from vllm_graphsafe.vllm_fakes import mrv2_state

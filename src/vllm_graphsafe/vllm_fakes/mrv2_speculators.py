@@ -50,9 +50,31 @@ def speculator_classes() -> Iterator[tuple[str, str]]:
             yield module, name
 
 
+_DISPATCH = "dispatch_cg_and_sync_dp"
+_SELF_CALL = re.compile(r"\bself\.(\w+)\(")
+
+
 def dispatches_in_propose(module: str, name: str) -> int:
+    """The dispatches one ``propose`` makes: its own, and those of the methods
+    it calls (0.34 moved the draft decode's into the base class's
+    ``_run_multi_step_decode``)."""
     cls = getattr(importlib.import_module(module), name)
-    return inspect.getsource(cls.propose).count("dispatch_cg_and_sync_dp(")
+    body = inspect.getsource(cls.propose)
+    called = {
+        getattr(cls, method, None) for method in set(_SELF_CALL.findall(body))
+    } - {None, cls.propose}
+    return body.count(f"{_DISPATCH}(") + sum(
+        inspect.getsource(method).count(f"{_DISPATCH}(")
+        for method in called
+        if inspect.isfunction(method)
+    )
+
+
+def lineage_modules(cls: type) -> list[Any]:
+    """The modules of ``cls`` and its bases that call vLLM's dispatch: where
+    a recorder has to stand in for it."""
+    modules = {importlib.import_module(base.__module__) for base in cls.__mro__}
+    return [module for module in modules if hasattr(module, _DISPATCH)]
 
 
 def _no_op(*_: Any, **__: Any) -> None:
@@ -99,10 +121,11 @@ def make_speculator(
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)
     recorder = DispatchRecorder(module.dispatch_cg_and_sync_dp, stop_at=stop_at)
-    monkeypatch.setattr(module, "dispatch_cg_and_sync_dp", recorder)
-    for name in _STUBBED_FUNCTIONS:
-        if hasattr(module, name):
-            monkeypatch.setattr(module, name, _no_op)
+    for owner in lineage_modules(cls):
+        monkeypatch.setattr(owner, _DISPATCH, recorder)
+        for name in _STUBBED_FUNCTIONS:
+            if hasattr(owner, name):
+                monkeypatch.setattr(owner, name, _no_op)
 
     if getattr(cls, "__abstractmethods__", None):
         # Base classes (e.g. AutoRegressiveSpeculator) leave model loading to
@@ -131,9 +154,13 @@ def make_speculator(
         cudagraph_manager=None,
         pcp_manager=None,
         supports_mm_inputs=False,
-        # 0.33 reads max_model_len through a property over vllm_config.
+        # 0.33 reads max_model_len through a property over vllm_config; 0.34
+        # hands the dispatch its parallel config.
         vllm_config=SimpleNamespace(
-            model_config=SimpleNamespace(max_model_len=MAX_TOKENS)
+            model_config=SimpleNamespace(max_model_len=MAX_TOKENS),
+            parallel_config=SimpleNamespace(
+                data_parallel_size=dp_size, data_parallel_rank=dp_rank
+            ),
         ),
     )
     for name in _STUBBED_METHODS:

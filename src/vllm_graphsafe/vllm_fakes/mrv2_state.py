@@ -301,6 +301,8 @@ def make_step(
         block_tables=SimpleNamespace(
             apply_staged_writes=nothing, append_block_ids=nothing
         ),
+        # 0.34 tells it the scheduler's drafts at the top of every step.
+        draft_tokens_handler=SimpleNamespace(begin_step=nothing, discard=nothing),
         update_pp_decode_requests=nothing,
         finish_requests=nothing,
         free_states=nothing,
@@ -460,6 +462,16 @@ def input_batch(step: Step, **overrides: Any) -> Any:
     ``any_prefills(idx_mapping_np)`` and stores that array in the batch; the
     forward runs; ``postprocess`` advances the request states; then ``propose``.
     """
+    return _input_batch(step, True, overrides)
+
+
+def unpadded_input_batch(step: Step) -> Any:
+    """:func:`input_batch` with its phase columns ``num_reqs`` rows long, as
+    Model Runner V2's attention metadata reads them."""
+    return _input_batch(step, False, {})
+
+
+def _input_batch(step: Step, padded: bool, overrides: dict[str, Any]) -> Any:
     import torch
 
     InputBatch = importlib.import_module(vllm_layout.MRV2_INPUT_BATCH).InputBatch
@@ -497,7 +509,7 @@ def input_batch(step: Step, **overrides: Any) -> Any:
         **{
             name: _padded(phase[name], fill)
             for name, fill in _PADDING.items()
-            if name in phase
+            if padded and name in phase
         },
         "num_scheduled_tokens": scheduled,
         **overrides,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.fix_tests import surveyed_states
+from vllm_graphsafe.releases import release_table
 
 V1_FIXES = ("v1-phase-dispatch", "v1-dummy-staging")
 #: The releases CI installs: their exact rows are checked on every run.
@@ -34,6 +35,12 @@ def expected_states(version: str) -> dict[str, str] | None:
     """The exact states for ``version`` by the survey (every fix declares the
     release its code landed in), or None outside the surveyed range."""
     return surveyed_states(version)
+
+
+def table_states(version: str) -> dict[str, str] | None:
+    """The states the release table records for ``version`` (0.34 on), or None."""
+    rows = [row for row in release_table() if row.version == version]
+    return dict(rows[0].patches) if rows else None
 
 
 def installed_version() -> str:
@@ -64,11 +71,12 @@ def test_every_fix_this_release_needs_is_active() -> None:
 
 def test_doctor_reports_every_patch_state_for_this_release() -> None:
     version = installed_version()
-    expected = expected_states(version)
+    expected = expected_states(version) or table_states(version)
     if expected is None:
         warnings.warn(
-            f"vLLM {version} is outside the surveyed releases 0.20-0.33: its exact "
-            "patch states were not checked, only that every fix it needs is active",
+            f"vLLM {version} is outside the surveyed releases 0.20-0.33 and the "
+            "release table: its exact patch states were not checked, only that "
+            "every fix it needs is active",
             pytest.PytestWarning,
             stacklevel=1,
         )
@@ -110,11 +118,19 @@ def test_a_release_outside_the_survey_has_no_exact_row() -> None:
     assert expected_states("0.35.0") is None
 
 
+def needed_fix(version: str) -> str:
+    """A fix the release needs, by its row of the release table: the first
+    it applies (``v1-phase-dispatch`` up to 0.33, ``replay-guard`` on 0.34)."""
+    rows = [row for row in release_table() if row.version == version]
+    assert rows, f"vLLM {version} has no row in the release table"
+    return next(fix for fix, state in rows[0].patches.items() if state == "applied")
+
+
 @pytest.mark.parametrize("flag", [[], ["--no-import"]])
 def test_doctor_fails_when_a_needed_fix_is_disabled(
     flag: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("VLLM_GRAPHSAFE_DISABLE", "v1-phase-dispatch")
+    monkeypatch.setenv("VLLM_GRAPHSAFE_DISABLE", needed_fix(installed_version()))
     status, report = doctor_report(*flag)
     assert status != 0
     assert report["ok"] is False

@@ -19,6 +19,7 @@ import pytest
 
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes.replay_guard import DRAFT_EVENT_PREFIX, FELL_BACK, REPLAYED
+from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_fakes import mrv2_replay as fakes
 
 PATCH_ID = "replay-guard"
@@ -173,6 +174,80 @@ def test_a_draft_decode_step_replays(
     )
     fakes.propose(speculator, gdn(prefills=0))
     assert (record.replays, record.draft_prefills) == (1, [])
+
+
+# -- graphs over the drafter's own rows: draft decode, DFlash's query -------------
+# A speculator builds the metadata of these graphs itself, for one-token draft
+# rows (DFlash: a fixed-width query per request): decode rows by construction.
+# A prompt in the target's step is not theirs: they replay, never fall back.
+
+DRAFT_STEPS = 3
+DRAFT_DECODES = [
+    pytest.param(module, name, fused, id=f"{name}-{'fused' if fused else 'per-step'}")
+    for module, name in SPECULATORS
+    for fused in fakes.draft_decode_loops(module, name)
+]
+
+
+def drafter_rows() -> dict[str, Any]:
+    """The release's GDN metadata as its builder counts a drafter's own rows."""
+    return gdn(prefills=0)
+
+
+def fell_back() -> dict[str, int]:
+    return {
+        event: count for event, count in decided().items() if event.endswith(FELL_BACK)
+    }
+
+
+@pytest.mark.parametrize(("module", "name", "fused"), DRAFT_DECODES)
+def test_draft_decode_graphs_replay_after_a_step_that_held_a_prompt(
+    module: str, name: str, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's draft prefill runs eagerly (it holds the prompt); each draft
+    decode step replays its graph (the fused loop: once for all)."""
+    eager = fakes.descriptor(cg_mode=fakes.modes().NONE)
+    speculator, record = fakes.make_speculator(
+        module,
+        name,
+        monkeypatch,
+        eager,
+        drafter_rows(),
+        steps=DRAFT_STEPS,
+        decode_desc=fakes.descriptor(uniform_token_count=1),
+        fused=fused,
+    )
+    fakes.propose(speculator, gdn(prefills=1))
+    assert len(record.draft_prefills) == 1
+    assert record.draft_replays == (1 if fused else DRAFT_STEPS - 1)
+    assert record.draft_decodes == []
+    # The per-step loop replays where the guard reads the drafter's metadata;
+    # the fused one replays before any metadata exists, and is not read.
+    replays = {} if fused else {DRAFT_EVENT_PREFIX + REPLAYED: DRAFT_STEPS - 1}
+    assert decided() == replays
+
+
+DFLASH = (vllm_layout.MRV2_DFLASH_SPECULATOR, "DFlashSpeculator")
+
+
+@pytest.mark.skipif(
+    not SourceReader().exists(DFLASH[0]),
+    reason="this release has no DFlash speculator (added in 0.24)",
+)
+@pytest.mark.parametrize("updates_in_graph", [False, True], ids=["built", "in-graph"])
+def test_the_dflash_query_graph_replays_over_a_step_that_held_a_prompt(
+    updates_in_graph: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DFlash dispatches its query graph whatever the target's step held; the
+    graph runs on the query metadata it builds (or, where its backends update
+    it in the graph, builds none)."""
+    query = fakes.descriptor(uniform_token_count=fakes.WIDTH)
+    speculator, record = fakes.make_speculator(
+        *DFLASH, monkeypatch, query, drafter_rows(), fused=updates_in_graph
+    )
+    fakes.propose(speculator, gdn(prefills=1))
+    assert (record.replays, record.draft_decodes) == (1, [])
+    assert fell_back() == {}
 
 
 # -- what the guard reads of the release's code -----------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.release import v1_runner
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.vllm_fakes.v1_dummy import (
     STALE_POSITION,
@@ -21,6 +22,9 @@ from vllm_graphsafe.vllm_fakes.v1_dummy import (
     make_dummy_runner,
     run_dummy,
 )
+
+if not v1_runner.installed():
+    pytest.skip(v1_runner.ABSENT, allow_module_level=True)
 
 regression = pytest.mark.regression("v1-dummy-staging")
 

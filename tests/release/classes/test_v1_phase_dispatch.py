@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.release import v1_runner
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.vllm_fakes.v1_runner import (
@@ -29,6 +30,9 @@ from vllm_graphsafe.vllm_fakes.v1_runner import (
     runner_over,
     write_step,
 )
+
+if not v1_runner.installed():
+    pytest.skip(v1_runner.ABSENT, allow_module_level=True)
 
 SPEC_TOKENS = [0, 1, 2, 3, 4, 6, 7, 15]
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.release import v1_runner
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes import phase_events
 from vllm_graphsafe.judging import PatchState
@@ -33,6 +34,9 @@ from vllm_graphsafe.vllm_fakes.v1_runner import (
     make_runner,
     run_dispatch,
 )
+
+if not v1_runner.installed():
+    pytest.skip(v1_runner.ABSENT, allow_module_level=True)
 
 PATCH_ID = "v1-phase-dispatch"
 SPEC_TOKENS = [0, 1, 3, 7]

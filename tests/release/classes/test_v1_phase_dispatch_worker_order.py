@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.release import v1_runner
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.fixes.scheduled_rows import decode_draft_count
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
@@ -42,6 +43,9 @@ from vllm_graphsafe.vllm_fakes.v1_runner import (
     input_batch,
     make_runner,
 )
+
+if not v1_runner.installed():
+    pytest.skip(v1_runner.ABSENT, allow_module_level=True)
 
 PATCH_ID = "v1-phase-dispatch"
 SPEC_TOKENS = 3

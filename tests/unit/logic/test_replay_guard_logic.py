@@ -118,12 +118,14 @@ def execute_model(self, batch_desc, attn_metadata, model_inputs):
 """
 
 
-def load_site(tmp_path: Path, source: str = SITE) -> tuple[dict[str, Any], Any]:
+def load_site(
+    tmp_path: Path, source: str = SITE, name: str = "execute_model"
+) -> tuple[dict[str, Any], Any]:
     path = tmp_path / "site.py"
     path.write_text(textwrap.dedent(source), encoding="utf-8")
     namespace: dict[str, Any] = {"CUDAGraphMode": SimpleNamespace(FULL="FULL")}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    return namespace, namespace["execute_model"]
+    return namespace, namespace[name]
 
 
 def test_the_else_of_the_replay_runs_on_the_callers_locals(tmp_path: Path) -> None:
@@ -157,6 +159,23 @@ def test_the_eager_path_keeps_vllms_file_and_lines(tmp_path: Path) -> None:
     assert site.eager.__code__.co_firstlineno > function.__code__.co_firstlineno
 
 
+def test_the_metadata_read_is_the_one_the_else_runs_on(tmp_path: Path) -> None:
+    """A speculator handed the target step's ``attn_metadata`` that builds its
+    own for its graph (DFlash's query): its own is the one to read."""
+    source = (
+        "def propose(self, attn_metadata, batch_desc):\n"
+        "    draft_attn_metadata = self.build(attn_metadata)\n"
+        "    if batch_desc.cg_mode == CUDAGraphMode.FULL:\n"
+        "        self.manager.run_fullgraph(batch_desc)\n"
+        "    else:\n"
+        "        self.generate(draft_attn_metadata, batch_desc.cg_mode)\n"
+    )
+    namespace, function = load_site(tmp_path, source, "propose")
+    site = site_of(function.__code__, namespace)
+    assert site.metadata == "draft_attn_metadata"
+    assert "attn_metadata" not in site.inputs
+
+
 @pytest.mark.parametrize(
     "source",
     [
@@ -175,6 +194,15 @@ def test_the_eager_path_keeps_vllms_file_and_lines(tmp_path: Path) -> None:
             "        self.manager.run_fullgraph(batch_desc)\n"
             "    else:\n"
             "        self.model()\n"
+        ),
+        # An eager path over two metadata: which one the graph stands for is
+        # not known.
+        (
+            "def execute_model(self, attn_metadata, draft_attn_metadata, batch_desc):\n"
+            "    if batch_desc.cg_mode == CUDAGraphMode.FULL:\n"
+            "        self.manager.run_fullgraph(batch_desc)\n"
+            "    else:\n"
+            "        self.generate(attn_metadata, draft_attn_metadata)\n"
         ),
     ],
 )

@@ -55,9 +55,11 @@ FIX = Fix(
         "`CUDAGraphWrapper.__call__` (every FULL wrapper: the V1 runner's "
         "model, its DBO wrapper's); Model Runner V2: "
         "`ModelCudaGraphManager.run_fullgraph` and "
-        "`CudaGraphManager.run_fullgraph`, where `execute_model` and a "
-        "speculator's `propose` replay in an if/else whose else is their "
-        "eager path (the guard runs that else)"
+        "`CudaGraphManager.run_fullgraph`, where `execute_model`, a "
+        "speculator's `propose` or its draft decode loop replay in an if/else "
+        "whose else is their eager path (the guard reads the metadata that "
+        "else runs on, the drafter's own where it builds one, and runs that "
+        "else)"
     ),
     upstream=("vllm-project/vllm#55123",),
     delete_when=(

@@ -19,7 +19,14 @@ descriptor replaced by a copy in mode NONE, so vLLM's own code builds the
 forward context, runs the model eagerly and assigns what the ``FULL`` branch
 would have (``model_output``). Calls the ``FULL`` branch already made before
 the replay (``kv_connector.pre_forward``) are left out of the ``else``, so
-nothing runs twice. Standard library only.
+nothing runs twice.
+
+The attention metadata the guard reads is the one that ``else`` hands to
+vLLM's eager path (:func:`eager_metadata`): the step's ``attn_metadata`` where
+the replay is the step's own or a draft prefill over the step's rows, the
+drafter's own metadata where a speculator builds one for its graph (DFlash's
+``draft_attn_metadata``, the standalone drafter's ``prefill_attn_md``), never
+the target step's metadata a speculator was handed. Standard library only.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import ast
 import copy
 import dataclasses
 import inspect
+import re
 import textwrap
 import types
 from collections.abc import Callable, Mapping
@@ -38,8 +46,11 @@ REPLAY = "run_fullgraph"
 #: The graph mode attribute the branch tests, and the value it tests for.
 MODE_ATTRIBUTE = "cg_mode"
 FULL = "FULL"
-#: The caller's local the guard reads the step's attention metadata from.
+#: The local holding the step's attention metadata, in a runner's step.
 METADATA_LOCAL = "attn_metadata"
+#: Locals holding attention metadata: ``attn_metadata``, ``draft_attn_metadata``,
+#: ``prefill_attn_md``.
+_METADATA_NAME = re.compile(r"(?:^|_)attn_(?:metadata|md)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +69,8 @@ class Site:
     eager: Callable[..., dict[str, Any]]
     #: The caller's locals that function takes.
     inputs: tuple[str, ...]
+    #: The caller's local holding the attention metadata the ``else`` runs on.
+    metadata: str = METADATA_LOCAL
 
     def run_eagerly(self, caller_locals: Mapping[str, Any], descriptor: Any) -> Any:
         """The ``else`` path on the caller's locals, ``descriptor`` standing
@@ -93,15 +106,30 @@ def site_of(code: types.CodeType, module_globals: dict[str, Any]) -> Site:
     inputs = sorted(
         (_loaded(statements) & local_names) - _stored(statements) | {descriptor}
     )
-    if METADATA_LOCAL not in local_names:
-        raise NotASite(f"{code.co_name} has no local {METADATA_LOCAL!r}")
+    metadata = eager_metadata(statements, local_names)
+    if metadata is None:
+        raise NotASite(
+            f"{code.co_name} hands its eager path no single attention metadata local"
+        )
     return Site(
         function=code.co_name,
         descriptor=descriptor,
         output=output,
         eager=_compile(statements, inputs, code, module_globals),
         inputs=tuple(inputs),
+        metadata=metadata,
     )
+
+
+def eager_metadata(statements: list[ast.stmt], local_names: set[str]) -> str | None:
+    """The one local of attention metadata the ``else`` statements read (what
+    the replayed graph stands for), or None where they read none or several."""
+    found = {
+        name
+        for name in _loaded(statements) & local_names
+        if _METADATA_NAME.search(name)
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 @dataclasses.dataclass(frozen=True)

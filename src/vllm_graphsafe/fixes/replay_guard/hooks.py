@@ -14,8 +14,10 @@
 #   An assert there would stop the server; the guard serves the step right.
 # Binds to: CUDAGraphWrapper.__call__ (every FULL wrapper: the V1 runner's model, its
 #   DBO wrapper's); Model Runner V2: ModelCudaGraphManager.run_fullgraph and
-#   CudaGraphManager.run_fullgraph, where execute_model and a speculator's propose
-#   replay in an if/else whose else is their eager path (the guard runs that else)
+#   CudaGraphManager.run_fullgraph, where execute_model, a speculator's propose or its
+#   draft decode loop replay in an if/else whose else is their eager path (the guard
+#   reads the metadata that else runs on, the drafter's own where it builds one, and
+#   runs that else)
 # Upstream: vllm-project/vllm#55123
 # Delete when: vLLM's FULL-graph replay itself runs a step whose attention metadata
 #   holds a prefill without the decode graph

@@ -6,10 +6,16 @@ replays its draft graphs through ``CudaGraphManager.run_fullgraph``. Both are
 replaced. Where the graph is a decode graph (the descriptor has a uniform token
 count, or the max query length of a varlen decode graph) and its caller is a
 replay site (:mod:`.eager_branch`: the replay sits in an ``if`` on the graph
-mode whose ``else`` is vLLM's eager path), the caller's ``attn_metadata`` is
-read, one ``num_prefills`` per KV-cache group. A group holding a prefill: the
-caller's ``else`` runs instead of the replay, with the batch descriptor in mode
-NONE, and its result is what the replay would have returned.
+mode whose ``else`` is vLLM's eager path), the attention metadata that ``else``
+runs on is read from the caller, one ``num_prefills`` per KV-cache group: the
+step's ``attn_metadata`` in ``execute_model`` and a draft prefill, the
+drafter's own metadata where it builds one for its graph (a draft decode step,
+DFlash's query). A group holding a prefill: the caller's ``else`` runs instead
+of the replay, with the batch descriptor in mode NONE, and its result is what
+the replay would have returned. A replay outside such a branch (a fused draft
+decode whose FULL branch returns before any metadata exists, DFlash's query
+graph behind a flag) replays as vLLM does: a speculator's graph there runs on
+metadata the speculator builds for decode rows only.
 
 The caller's locals are read from its frame: about a microsecond per replayed
 decode step on a 2-core host (docs/benchmarks.md), and the one place the guard
@@ -119,7 +125,7 @@ def bind_guarded_replay(
                     if reader is None:
                         reader = readers[code] = GroupPrefills()
                     prefix = "" if site.function == TARGET_SITE else DRAFT_EVENT_PREFIX
-                    metadata = caller.get(METADATA_LOCAL)
+                    metadata = caller.get(site.metadata)
                     if reader.holds_prefill(metadata):
                         count(prefix + FELL_BACK)
                         warn(reader, desc, metadata, site)
