@@ -14,7 +14,7 @@ Classification cost (benchmark 1)
     Per-step cost of deciding "uniform decode?" for a uniform speculative-decode
     batch of ``num_reqs`` requests. Each rule is driven the way the runner runs
     it, on the release's own classes, with the request state built by the
-    class tests' own fakes (``vllm_graphsafe.vllm_fakes``); the phase rules are what
+    class tests' own fakes (``tests.support.vllm_fakes``); the phase rules are what
     the patches' hook factories make of vLLM's own rule.
 
     ``v1.shape``  ``int(num_scheduled_tokens_np.max())`` plus
@@ -161,11 +161,11 @@ def v1_runners() -> V1Runners:
 
     GPUModelRunner = vllm_layout.load(vllm_layout.V1_RUNNER).GPUModelRunner
 
+    from tests.support.vllm_fakes import v1_runner
+    from tests.support.vllm_fakes.v1_runner import DispatchRecord, Row
     from vllm_graphsafe.fixes.v1_phase_dispatch.hooks import (
         bind_phase_aware_shape_rule,
     )
-    from vllm_graphsafe.vllm_fakes import v1_runner
-    from vllm_graphsafe.vllm_fakes.v1_runner import DispatchRecord, Row
 
     real = unwrapped(GPUModelRunner._determine_batch_execution_and_padding)
     signature = inspect.signature(real)
@@ -229,7 +229,7 @@ def v1_runners() -> V1Runners:
 def v1_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     import numpy as np
 
-    from vllm_graphsafe.vllm_fakes.v1_runner import Row
+    from tests.support.vllm_fakes.v1_runner import Row
 
     runners = v1_runners()
     decodes, shape_runner, phase_runner = runners.decodes, runners.shape, runners.phase
@@ -324,7 +324,7 @@ def mrv2_step(reqs: dict[str, Any], rows: int) -> Any:
     """
     RequestState = vllm_layout.load(vllm_layout.MRV2_STATES).RequestState
 
-    from vllm_graphsafe.vllm_fakes import mrv2_state
+    from tests.support.vllm_fakes import mrv2_state
 
     with table_rows(mrv2_state, "MAX_REQS", rows):
         step = mrv2_state.make_step(reqs, DECODE_QUERY_LEN)
@@ -342,11 +342,11 @@ def mrv2_cases(sizes: tuple[int, ...]) -> dict[int, dict[str, Step]]:
     cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
     GPUModelRunner = vllm_layout.load(vllm_layout.MRV2_RUNNER).GPUModelRunner
 
+    from tests.support.vllm_fakes.mrv2_state import Req
     from vllm_graphsafe.fixes.mrv2_phase_dispatch.hooks import (
         bind_target_count,
         bind_target_step,
     )
-    from vllm_graphsafe.vllm_fakes.mrv2_state import Req
 
     has_native = hasattr(GPUModelRunner, "gather_batch_req_state")
     execute_signature = inspect.signature(GPUModelRunner.execute_model)
@@ -421,7 +421,7 @@ def _check_mrv2_keeps_prefill_off(
     shape_cls: type, phase_cls: type, native_cls: type, has_native: bool
 ) -> None:
     """One 4-token prompt among decodes: the shape says decode, the phase rules not."""
-    from vllm_graphsafe.vllm_fakes.mrv2_state import Req
+    from tests.support.vllm_fakes.mrv2_state import Req
 
     reqs = {
         f"req-{index}": Req(100, 100, DECODE_QUERY_LEN, drafts=NUM_SPECULATIVE_TOKENS)

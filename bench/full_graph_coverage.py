@@ -273,7 +273,7 @@ Rule = Callable[[TraceStep], bool]
 
 def v1_rules() -> dict[str, Rule]:
     """vLLM's shape rule, and the V1 dispatch as the plugin left it."""
-    from vllm_graphsafe.vllm_fakes.v1_runner import (
+    from tests.support.vllm_fakes.v1_runner import (
         DispatchRecord,
         Row,
         decode_draft_buffer,
@@ -329,8 +329,8 @@ def v1_rules() -> dict[str, Rule]:
 @contextlib.contextmanager
 def mrv2_rules() -> Iterator[dict[str, Rule]]:
     """vLLM's shape count, and MRV2's ``execute_model`` as the plugin left it."""
-    from vllm_graphsafe.vllm_fakes import mrv2_state
-    from vllm_graphsafe.vllm_fakes.mrv2_state import DispatchRecorder, Req, make_step
+    from tests.support.vllm_fakes import mrv2_state
+    from tests.support.vllm_fakes.mrv2_state import DispatchRecorder, Req, make_step
 
     cudagraph_utils = vllm_layout.load(vllm_layout.MRV2_CUDAGRAPH_UTILS)
 

@@ -159,8 +159,8 @@ def _in_context(forward_context: Any, context: Any, call: Any, wrapper: Any) -> 
 
 
 def mrv2_cases(unwrapped: Any, fail_loudly: Any) -> dict[str, Any]:
+    from tests.support.vllm_fakes import mrv2_replay
     from vllm_graphsafe.fixes.replay_guard.mrv2 import bind_guarded_replay
-    from vllm_graphsafe.vllm_fakes import mrv2_replay
 
     global CUDAGraphMode
     CUDAGraphMode = vllm_layout.load_name(

@@ -30,19 +30,13 @@ from typing import Any
 
 import pytest
 
-from vllm_graphsafe import counts, vllm_layout
-from vllm_graphsafe.fixes import phase_events
-from vllm_graphsafe.hook_points import HookPoint, is_hooked
-from vllm_graphsafe.judging import PatchState
-from vllm_graphsafe.settings import read_settings
-from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.vllm_fakes import mrv2_speculators, mrv2_state
-from vllm_graphsafe.vllm_fakes.mrv2_speculators import (
+from tests.support.vllm_fakes import mrv2_speculators, mrv2_state
+from tests.support.vllm_fakes.mrv2_speculators import (
     Tripwire,
     make_speculator,
     propose,
 )
-from vllm_graphsafe.vllm_fakes.mrv2_state import (
+from tests.support.vllm_fakes.mrv2_state import (
     DispatchRecorder,
     GraphManagerRecord,
     Req,
@@ -51,6 +45,12 @@ from vllm_graphsafe.vllm_fakes.mrv2_state import (
     input_batch,
     make_step,
 )
+from vllm_graphsafe import counts, vllm_layout
+from vllm_graphsafe.fixes import phase_events
+from vllm_graphsafe.hook_points import HookPoint, is_hooked
+from vllm_graphsafe.judging import PatchState
+from vllm_graphsafe.settings import read_settings
+from vllm_graphsafe.sources import SourceReader
 
 PATCH_ID = "mrv2-phase-dispatch"
 WIDTHS = [1, 3, 4, 5, 7, 8, 16]

@@ -1,6 +1,6 @@
 """The replay guard in Model Runner V2: the release's own ``execute_model`` and
 speculators' ``propose`` run to their FULL-graph replay on CPU
-(:mod:`vllm_graphsafe.vllm_fakes.mrv2_replay`).
+(:mod:`tests.support.vllm_fakes.mrv2_replay`).
 
 The step's attention metadata is the release's ``GDNAttentionMetadata`` with
 the counts its builder sets. A step holding a prefill must take vLLM's own
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.vllm_fakes import mrv2_replay as fakes
 from vllm_graphsafe import counts, vllm_layout
 from vllm_graphsafe.fixes.replay_guard import DRAFT_EVENT_PREFIX, FELL_BACK, REPLAYED
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.vllm_fakes import mrv2_replay as fakes
 
 PATCH_ID = "replay-guard"
 regression = pytest.mark.regression(PATCH_ID)

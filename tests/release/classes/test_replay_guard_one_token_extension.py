@@ -5,10 +5,10 @@ placeholder drafts under speculation, as a decode (``prefill_runs_as_decode_np``
 in ``gather_batch_req_state``), and the release's hybrid builders count such a
 row as a decode: Mamba's ``padded_prompt_tail_rows``, gated delta-net's
 resumed one-token chunk. The step's metadata here is the release's own
-(:mod:`vllm_graphsafe.vllm_fakes.hybrid_metadata`: its gather, its model
+(:mod:`tests.support.vllm_fakes.hybrid_metadata`: its gather, its model
 state, its GDN or Mamba2 builder); the guard sits at the FULL decode graph's
 replay in the release's ``execute_model`` and in each speculator's draft
-prefill (:mod:`vllm_graphsafe.vllm_fakes.mrv2_replay`). A step whose metadata
+prefill (:mod:`tests.support.vllm_fakes.mrv2_replay`). A step whose metadata
 counts the extension as a decode replays, and a replay is counted; a step whose
 metadata holds a real prompt row of the decode width (a K+1-token chunk, or a
 first one-token prompt without speculation) runs vLLM's eager path instead.
@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.vllm_fakes import hybrid_metadata
+from tests.support.vllm_fakes import mrv2_replay as fakes
+from tests.support.vllm_fakes.mrv2_state import Req
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.replay_guard import DRAFT_EVENT_PREFIX, REPLAYED
-from vllm_graphsafe.vllm_fakes import hybrid_metadata
-from vllm_graphsafe.vllm_fakes import mrv2_replay as fakes
-from vllm_graphsafe.vllm_fakes.mrv2_state import Req
 
 if not hybrid_metadata.has_one_token_extension():
     pytest.skip(

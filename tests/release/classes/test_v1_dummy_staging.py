@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from tests.release import v1_runner
-from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.vllm_fakes.v1_dummy import (
+from tests.support.vllm_fakes.v1_dummy import (
     STALE_POSITION,
     Snapshot,
     make_dummy_runner,
     run_dummy,
 )
+from vllm_graphsafe import vllm_layout
 
 if not v1_runner.installed():
     pytest.skip(v1_runner.ABSENT, allow_module_level=True)

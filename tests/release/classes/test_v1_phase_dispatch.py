@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 
 from tests.release import v1_runner
-from vllm_graphsafe import counts, vllm_layout
-from vllm_graphsafe.fixes import phase_events
-from vllm_graphsafe.vllm_fakes.v1_runner import (
+from tests.support.vllm_fakes.v1_runner import (
     DispatchRecord,
     Row,
     UntouchableBatch,
@@ -30,6 +28,8 @@ from vllm_graphsafe.vllm_fakes.v1_runner import (
     runner_over,
     write_step,
 )
+from vllm_graphsafe import counts, vllm_layout
+from vllm_graphsafe.fixes import phase_events
 
 if not v1_runner.installed():
     pytest.skip(v1_runner.ABSENT, allow_module_level=True)

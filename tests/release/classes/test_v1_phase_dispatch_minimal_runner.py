@@ -24,16 +24,16 @@ from typing import Any
 import pytest
 
 from tests.release import v1_runner
-from vllm_graphsafe import counts
-from vllm_graphsafe.fixes import phase_events
-from vllm_graphsafe.judging import PatchState
-from vllm_graphsafe.vllm_fakes.v1_runner import (
+from tests.support.vllm_fakes.v1_runner import (
     DispatchRecord,
     Row,
     batch_only,
     make_runner,
     run_dispatch,
 )
+from vllm_graphsafe import counts
+from vllm_graphsafe.fixes import phase_events
+from vllm_graphsafe.judging import PatchState
 
 if not v1_runner.installed():
     pytest.skip(v1_runner.ABSENT, allow_module_level=True)

@@ -33,16 +33,16 @@ import numpy as np
 import pytest
 
 from tests.release import v1_runner
-from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.fixes.scheduled_rows import decode_draft_count
-from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
-from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.vllm_fakes.v1_runner import (
+from tests.support.vllm_fakes.v1_runner import (
     MAX_ROWS,
     DispatchRecord,
     input_batch,
     make_runner,
 )
+from vllm_graphsafe import vllm_layout
+from vllm_graphsafe.fixes.scheduled_rows import decode_draft_count
+from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import recognise_draft_counting
+from vllm_graphsafe.sources import SourceReader
 
 if not v1_runner.installed():
     pytest.skip(v1_runner.ABSENT, allow_module_level=True)

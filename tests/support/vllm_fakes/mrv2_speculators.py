@@ -2,7 +2,7 @@
 
 A speculator is made with ``object.__new__`` and given only the attributes its
 ``propose`` reads on the way to ``dispatch_cg_and_sync_dp``, which a
-:class:`~vllm_graphsafe.vllm_fakes.mrv2_state.DispatchRecorder` replaces.
+:class:`~tests.support.vllm_fakes.mrv2_state.DispatchRecorder` replaces.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.vllm_fakes.mrv2_state import (
+from tests.support.vllm_fakes.mrv2_state import (
     HIDDEN,
     MAX_REQS,
     MAX_TOKENS,
     DispatchRecorder,
     ReachedDispatch,
 )
+from vllm_graphsafe import vllm_layout
 
 #: Speculators whose ``propose`` may classify the draft prefill by shape:
 #: (module, class). Those a release lacks are not collected.

@@ -2,7 +2,7 @@
 
 Model Runner V2 builds a hybrid model's metadata in
 ``MambaHybridModelState.prepare_attn``: from the step's input batch
-(:func:`~vllm_graphsafe.vllm_fakes.mrv2_state.input_batch`, the release's own
+(:func:`~tests.support.vllm_fakes.mrv2_state.input_batch`, the release's own
 ``gather_batch_req_state`` behind it) through ``build_attn_metadata`` to the
 release's real gated delta-net (``GDNAttentionMetadataBuilder``) or Mamba2
 (``Mamba2AttentionMetadataBuilder``) builder, on CPU. Which rows count as
@@ -17,8 +17,8 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+from tests.support.vllm_fakes import mrv2_state
 from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.vllm_fakes import mrv2_state
 
 #: The two layers of the hybrid group, sharing its metadata.
 LAYERS = ("model.layers.0.linear_attn", "model.layers.1.linear_attn")

@@ -341,7 +341,7 @@ def make_speculator(
     ``steps`` speculative tokens; whatever metadata it builds for its own
     graphs is ``attn_metadata``. ``fused``: its attention backends update the
     draft decode metadata inside the graph (the fused decode loop)."""
-    from vllm_graphsafe.vllm_fakes import mrv2_speculators
+    from tests.support.vllm_fakes import mrv2_speculators
 
     speculator, _ = mrv2_speculators.make_speculator(
         module_name, class_name, steps, monkeypatch, stop_at=10**9
@@ -406,7 +406,7 @@ def propose(speculator: Any, attn_metadata: Any) -> None:
     step ran on ``attn_metadata``."""
     import torch
 
-    from vllm_graphsafe.vllm_fakes import mrv2_state
+    from tests.support.vllm_fakes import mrv2_state
 
     batch = mrv2_state.dummy_input_batch(NUM_REQS, WIDTH)
     hidden = mrv2_state.HIDDEN
