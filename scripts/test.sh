@@ -99,6 +99,28 @@ if ! wait "$readme_pid"; then
 fi
 stamp "unit tier as the README says: $(grep -E '^=+ .*(passed|failed).* in ' "$readme_log" | tail -n 1)"
 
+stamp "the release-day command on the newest CI release (download included)"
+"$ENGINE_VENV/bin/python" - <<'PY'
+import json
+import subprocess
+import sys
+
+sys.path.insert(0, "src")
+from vllm_graphsafe.releases import release_key, release_table
+
+row = max((r for r in release_table() if r.ci), key=lambda r: release_key(r.version))
+done = subprocess.run(
+    [sys.executable, "scripts/release_day.py", row.version, "--distribution", row.distribution, "--json"],
+    capture_output=True, text=True, check=False,
+)
+if done.returncode != 0:
+    sys.exit(f"test.sh: scripts/release_day.py {row.version} failed: {done.stderr.strip()}")
+judged = json.loads(done.stdout)["patches"]
+if judged != row.patches:
+    sys.exit(f"test.sh: the release-day row for {row.label} is {judged}, the table's {row.patches}")
+print(f"release-day row for {row.label} matches the table: {judged}")
+PY
+
 stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 

@@ -127,7 +127,7 @@ def minor_of(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-def _release_key(version: str) -> tuple[int, ...]:
+def release_key(version: str) -> tuple[int, ...]:
     """``(0, 34, 0)`` for ``"0.34.0"``; a pre-release counts as its release."""
     parts = []
     for part in version.split(".")[:3]:
@@ -144,8 +144,8 @@ def table_note(version: str) -> str | None:
     rows = release_table()
     if any(row.version == version for row in rows):
         return None
-    newest = max(rows, key=lambda row: _release_key(row.version))
-    if _release_key(version) > _release_key(newest.version):
+    newest = max(rows, key=lambda row: release_key(row.version))
+    if release_key(version) > release_key(newest.version):
         return (
             f"vLLM {version} is newer than every release this vllm-graphsafe was "
             f"tested on (the newest: {newest.version}); each fix's state below was "
