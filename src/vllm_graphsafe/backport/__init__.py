@@ -5,8 +5,8 @@ For each fix, :func:`backport` says where the tree stands:
 * ``needed``: the bug is there and no fix (the edit is planned, or, where the
   tree lacks what it edits, ``cannot bind``);
 * ``ours``: our edit is in, as written (its record says so, region by region);
-* ``ours, changed``: our edit is in, but a merge or a person changed a region
-  of it (each region that differs is shown);
+* ``ours, changed``: our edit is in, but a merge or a person changed our own
+  lines (each hunk that differs is shown);
 * ``native``: the tree has the fix, none of ours;
 * ``both``: our edit is in beside a fix of the tree's own: drop ours;
 * ``target gone``: the tree no longer has the file, or the function, our edit
@@ -76,8 +76,8 @@ class Outcome:
     plan: Plan | None = None
     #: relpath -> text before this fix's edits (None: a new file).
     before: dict[str, str | None] = field(default_factory=dict)
-    #: How native was judged: of the tree as it is, or (ours, both) of the
-    #: tree with our edit put back as it was.
+    #: How native was judged: of the tree as it is, or (ours, both, target
+    #: gone) of the tree with our edit taken out.
     evidence: Evidence | None = None
     #: Hunks of our edit that are no longer as written (ours, changed).
     changed: list[Changed] = field(default_factory=list)
@@ -337,10 +337,12 @@ def _carried(
     if changed:
         patch = judge_one(root, fix_id)
         where = ", ".join(dict.fromkeys(c.relpath for c in changed))
+        gone = ", ".join(dict.fromkeys(g.what for g in reversal.gone))
         return Outcome(
             fix_id,
             Status.OURS_CHANGED,
-            f"our edit was changed in {where}",
+            f"our edit was changed in {where}"
+            + (f"; the tree no longer has {gone}" if gone else ""),
             evidence=patch.evidence,
             changed=changed,
             gone=reversal.gone,

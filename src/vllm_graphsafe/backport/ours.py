@@ -181,6 +181,8 @@ def _missing(relpath: str, text: str, hunk: Hunk) -> Changed | Gone:
         spans = definitions(text)
         if spans is not None and hunk.scope not in {name for *_, name in spans}:
             return Gone(relpath, f"{hunk.scope} in {relpath}")
+    if alike < ALIKE:
+        have = []  # nothing like our lines: shown as taken out
     return Changed(
         relpath,
         "".join(
