@@ -142,12 +142,29 @@ def _put_back(
     return "".join(out)
 
 
-def _where_ours_were(lines: list[str], ours: list[str], line: int) -> tuple[int, int]:
+def _after_hint(lines: list[str], hunk: Hunk) -> int:
+    """Where the lines the hint has above the hunk end, nearest to where the
+    hunk was written; else where it was written."""
+    above = lines_of(hunk.above)
+    ends = [
+        start + len(above)
+        for start in range(len(lines) - len(above) + 1)
+        if above and lines[start : start + len(above)] == above
+    ]
+    return min(
+        ends, key=lambda e: abs(e - hunk.line), default=min(hunk.line, len(lines))
+    )
+
+
+def _where_ours_were(lines: list[str], ours: list[str], hunk: Hunk) -> tuple[int, int]:
     """The lines of the file that best match ours: ``[start, end)``."""
     run = difflib.SequenceMatcher(None, lines, ours, autojunk=False).find_longest_match(
         0, len(lines), 0, len(ours)
     )
-    near = run.a - run.b if run.size else min(line, len(lines))
+    if not any(not _blank(line) for line in ours[run.b : run.b + run.size]):
+        near = _after_hint(lines, hunk)
+        return near, min(near + len(ours), len(lines))
+    near = run.a - run.b
     first = max(near - len(ours), 0)
     window = lines[first : near + 2 * len(ours)]
     blocks = [
@@ -157,8 +174,6 @@ def _where_ours_were(lines: list[str], ours: list[str], line: int) -> tuple[int,
         ).get_matching_blocks()
         if b.size
     ]
-    if not blocks:
-        return near, min(near + len(ours), len(lines))
     start = first + blocks[0].a - blocks[0].b
     end = first + blocks[-1].a + len(ours) - blocks[-1].b
     return max(start, 0), min(end, len(lines))
@@ -174,15 +189,15 @@ def _missing(relpath: str, text: str, hunk: Hunk) -> Changed | Gone:
     or class they were in is gone, and nothing like them is left."""
     lines = lines_of(text)
     ours = lines_of(hunk.after) or lines_of(hunk.above + hunk.below)
-    start, end = _where_ours_were(lines, ours, hunk.line)
+    start, end = _where_ours_were(lines, ours, hunk)
     have = lines[start:end]
     alike = difflib.SequenceMatcher(None, "".join(ours), "".join(have)).ratio()
     if hunk.scope and alike < ALIKE:
         spans = definitions(text)
         if spans is not None and hunk.scope not in {name for *_, name in spans}:
             return Gone(relpath, f"{hunk.scope} in {relpath}")
-    if alike < ALIKE:
-        have = []  # nothing like our lines: shown as taken out
+    if alike < ALIKE and not _agreement(lines, start, end, hunk):
+        have = []  # nothing like our lines, nor their neighbours: taken out
     return Changed(
         relpath,
         "".join(

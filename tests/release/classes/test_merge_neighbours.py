@@ -6,9 +6,8 @@ edited and one added directly above, directly below, between two hunks; the
 function a hunk sits in renamed, moved; a formatter's reflow; the function or
 the file removed), upstream's branch is merged into ours. Then ``--check``
 says ``ours`` (or ``target gone`` where upstream removed our lines' place),
-and ``--drop`` leaves upstream's tree byte for byte (``--check`` on such a
-tree: tests/release/classes/test_merge_cycle.py). One repository per tree
-serves every case.
+``--drop`` leaves upstream's tree byte for byte, and ``--check`` then finds
+nothing of ours. One repository per tree serves every case.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import pytest
 
 from tests.backport_trees import copy_sources
 from tests.release.merge_cycle import (
+    CARRIED,
     Carrying,
     backport,
     carrying,
@@ -56,6 +56,8 @@ def upstream_next_to_ours(tree: Carrying, name: str, change: Change) -> None:
     dropped = backport(tree.root, "--drop")
     assert dropped["exit_status"] == 0, dropped
     assert same_as_upstream(tree.root, name) == ""
+    after = states(backport(tree.root, "--check"))
+    assert not set(after.values()) & CARRIED, after
 
 
 @pytest.mark.parametrize("name", NEIGHBOURS)

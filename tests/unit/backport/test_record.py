@@ -96,6 +96,20 @@ def test_a_change_to_our_lines_is_shown_and_the_rest_still_go_back() -> None:
     assert "ours A" not in (reversal.texts["f.py"] or "")
 
 
+def test_our_lines_gone_from_a_place_upstream_rewrote_are_shown_taken_out() -> None:
+    """Our lines at module level, where upstream rewrote everything around
+    them and the merge kept upstream's side: nothing like them, nor their
+    neighbours, is there."""
+    upstream = "import a\nimport b\nimport c\n\nX = 1\n"
+    ours = upstream.replace("import b\n", "import b\nimport ours\n")
+    record = recorded(upstream, ours)
+    merged = "import alpha\nimport beta\n\nX = 1\n"
+    reversal = reverse(record, {"f.py": merged})
+    assert reversal.gone == []
+    (changed,) = reversal.changed
+    assert changed.diff.endswith("@@ -1 +0,0 @@\n-import ours\n")
+
+
 SOURCE = """\
 class Runner:
     def step(self):
