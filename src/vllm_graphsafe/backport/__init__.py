@@ -5,15 +5,19 @@ For each fix, :func:`backport` says where the tree stands:
 * ``needed``: the bug is there and no fix (the edit is planned, or, where the
   tree lacks what it edits, ``cannot bind``);
 * ``ours``: our edit is in, as written (its record says so, region by region);
-* ``ours, changed``: our edit is in, but a merge or a person changed a region
-  of it (each region that differs is shown);
+* ``ours, changed``: our edit is in, but a merge or a person changed our own
+  lines (each hunk that differs is shown);
 * ``native``: the tree has the fix, none of ours;
-* ``both``: our edit is in beside a fix of the tree's own: drop ours.
+* ``both``: our edit is in beside a fix of the tree's own: drop ours;
+* ``target gone``: the tree no longer has the file, or the function, our edit
+  was in (a merge removed it, and our lines with it): what is left of ours
+  (the written tests, the record, any other hunk) can go.
 
 Native is judged by the fix's cases run on the tree's code
 (:mod:`vllm_graphsafe.behaviour`); ours is told by the record the edit keeps
-beside its tests (:mod:`.record`), and ``both`` by judging the tree with our
-regions put back as they were. :func:`drop` reverses our edits exactly.
+beside its tests (:mod:`.record`), found by our own lines (:mod:`.ours`), and
+``both`` by judging the tree with our edit taken out. :func:`drop` takes our
+edits out exactly.
 Nothing is written here; :mod:`.output` renders diffs, patch files and writes.
 """
 
@@ -29,15 +33,14 @@ from types import ModuleType
 from typing import NamedTuple
 
 from vllm_graphsafe import fixes
+from vllm_graphsafe.backport import git
+from vllm_graphsafe.backport.ours import Changed, Gone, Reversal, reverse, tests_changed
 from vllm_graphsafe.backport.plan import Plan, written_test_path
 from vllm_graphsafe.backport.record import (
-    Changed,
     EditRecord,
-    forward,
     record_of,
     record_path,
-    reverse,
-    tests_changed,
+    with_written_blobs,
 )
 from vllm_graphsafe.backport.source import MissingSymbolError
 from vllm_graphsafe.backport.tree import Tree
@@ -60,6 +63,8 @@ class Status(str, enum.Enum):
     NOT_APPLICABLE = "not applicable"
     #: Needed, but the tree lacks what our edit changes.
     CANNOT_BIND = "cannot bind"
+    #: Our edit's place (its file, or the function it was in) is gone.
+    TARGET_GONE = "target gone"
 
 
 #: States with nothing to do.
@@ -74,11 +79,13 @@ class Outcome:
     plan: Plan | None = None
     #: relpath -> text before this fix's edits (None: a new file).
     before: dict[str, str | None] = field(default_factory=dict)
-    #: How native was judged: of the tree as it is, or (ours, both) of the
-    #: tree with our edit put back as it was.
+    #: How native was judged: of the tree as it is, or (ours, both, target
+    #: gone) of the tree with our edit taken out.
     evidence: Evidence | None = None
-    #: Regions of our edit that are no longer as written (ours, changed).
+    #: Hunks of our edit that are no longer as written (ours, changed).
     changed: list[Changed] = field(default_factory=list)
+    #: Places of our edit the tree no longer has (target gone).
+    gone: list[Gone] = field(default_factory=list)
     #: Our record of the edit, where the tree carries it.
     record: EditRecord | None = None
 
@@ -87,14 +94,16 @@ class Outcome:
         """Source files the edit changes (planned) or changed (recorded)."""
         if self.plan is not None:
             return sorted(self.plan.texts)
-        return sorted(self.record.regions) if self.record else []
+        return sorted(self.record.files) if self.record else []
 
     @property
     def tests(self) -> list[str]:
         """Test files the edit writes (planned) or wrote (recorded)."""
         if self.plan is not None:
             return sorted(self.plan.tests)
-        return sorted(self.record.tests) if self.record else []
+        if self.record is None:
+            return []
+        return sorted([*self.record.tests, record_path(self.fix_id)])
 
 
 @dataclass
@@ -255,7 +264,19 @@ def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
         planned = _plan_one(tree, fix_id)
         planned.evidence = patch.evidence
         outcomes.append(planned)
+    _name_written_files(outcomes, tree)
     return Backport(root, outcomes, dict(tree.edited))
+
+
+def _name_written_files(outcomes: list[Outcome], tree: Tree) -> None:
+    """Each planned record names its files as the whole write leaves them (a
+    later fix may edit the same file), for git's three-way merge to start from."""
+    for outcome in outcomes:
+        if outcome.plan is None or outcome.record is None:
+            continue
+        text = with_written_blobs(outcome.record, tree.edited).to_text()
+        outcome.plan.tests[record_path(outcome.fix_id)] = text
+        tree.edited[record_path(outcome.fix_id)] = text
 
 
 def _later(fix_id: str, records: dict[str, EditRecord | None]) -> list[EditRecord]:
@@ -269,56 +290,94 @@ def _later(fix_id: str, records: dict[str, EditRecord | None]) -> list[EditRecor
 
 
 def _files_of(records: Iterable[EditRecord]) -> list[str]:
-    return sorted({p for r in records for p in [*r.regions, *r.tests]})
+    return sorted({p for r in records for p in [*r.files, *r.tests]})
 
 
-def reversed_in_place(
+def without_ours(
     record: EditRecord,
     later: list[EditRecord],
     current: dict[str, str | None],
-) -> tuple[dict[str, str | None], list[Changed], list[str]]:
-    """The files with ``record``'s edit taken out and the later edits (made
-    over it, e.g. in the same import statement) left in: those are taken out
-    first, in the reverse of the order they were made, then made again."""
+    repository: git.Repository | None = None,
+) -> tuple[Reversal, list[str]]:
+    """The recorded files with ``record``'s edit taken out, and the fixes
+    whose later edits had to go with it: where a later edit was made over our
+    lines (e.g. in the same import statement), our lines are found only once
+    the later edits are taken out, in the reverse of the order they were made."""
+    direct = reverse(record, current, repository)
+    if not direct.changed or not later:
+        return direct, []
     texts = dict(current)
     for made_later in reversed(later):
-        undone, _ = reverse(made_later, texts)
-        texts.update(undone)
-    restored, changed = reverse(record, texts)
-    texts.update(restored)
-    entangled: list[str] = []
-    for made_later in later:
-        again, whole = forward(made_later, texts)
-        texts.update(again)
-        if not whole:
-            entangled.append(made_later.fix_id)
-    return texts, changed, entangled
+        texts.update(reverse(made_later, texts, repository).texts)
+    beneath = reverse(record, texts, repository)
+    if beneath.changed:
+        return direct, []
+    return beneath, [r.fix_id for r in later if set(r.files) & set(record.files)]
+
+
+def _judged(patch: Patch) -> str:
+    """The state of a fix on a tree without our edit, and how it was found."""
+    if patch.state is PatchState.NOT_APPLICABLE:
+        return Status.NOT_APPLICABLE.value
+    return patch.finding() or Status.NEEDED.value
+
+
+def _gone_reason(gone: list[Gone], left: list[str], without: Patch) -> str:
+    files = [g.what for g in gone if g.what == g.relpath]
+    places = [g.what for g in gone if g.what != g.relpath and g.relpath not in files]
+    return (
+        f"the tree no longer has {' nor '.join(dict.fromkeys(files + places))}, "
+        f"where our edit was; left of ours: {', '.join(left)}; the tree without "
+        f"them: {_judged(without)}; drop what is left (--drop)"
+    )
 
 
 def _carried(
     root: Path, fix_id: str, record: EditRecord, records: dict[str, EditRecord | None]
 ) -> Outcome:
-    """A fix whose edit the tree carries: as written, changed, or beside native."""
+    """A fix whose edit the tree carries: as written, changed, beside native,
+    or with its place gone."""
     later = _later(fix_id, records)
     current = _current(root, _files_of([record, *later]))
-    texts, changed, _ = reversed_in_place(record, later, current)
-    changed += [
+    reversal, _ = without_ours(record, later, current)
+    changed = reversal.changed + [
         Changed(relpath, f"{relpath} is gone or no longer as written\n")
         for relpath in tests_changed(record, current)
     ]
     if changed:
         patch = judge_one(root, fix_id)
         where = ", ".join(dict.fromkeys(c.relpath for c in changed))
+        gone = ", ".join(dict.fromkeys(g.what for g in reversal.gone))
         return Outcome(
             fix_id,
             Status.OURS_CHANGED,
-            f"our edit was changed in {where}",
+            f"our edit was changed in {where}"
+            + (f"; the tree no longer has {gone}" if gone else ""),
             evidence=patch.evidence,
             changed=changed,
+            gone=reversal.gone,
             record=record,
         )
-    without = {k: v for k, v in texts.items() if v is not None}
+    without = {
+        relpath: text
+        for relpath, text in {**current, **reversal.texts}.items()
+        if text is not None
+    }
     patch = judge_one(root, fix_id, without)
+    if reversal.gone:
+        left = [
+            relpath
+            for relpath, text in reversal.texts.items()
+            if text != current.get(relpath)
+        ] + [*sorted(record.tests), record_path(fix_id)]
+        return Outcome(
+            fix_id,
+            Status.TARGET_GONE,
+            _gone_reason(reversal.gone, left, patch),
+            evidence=patch.evidence,
+            gone=reversal.gone,
+            record=record,
+        )
     if patch.state is PatchState.NATIVE:
         return Outcome(
             fix_id,
@@ -400,53 +459,57 @@ class Dropping:
     changes: dict[str, str | None] = field(default_factory=dict)
     #: Directories our edits created, removed where they end up empty.
     directories: list[str] = field(default_factory=list)
-    #: Regions left in place (``--force`` only): changed since written.
+    #: Hunks left in place (``--force`` only): changed since written.
     left: list[Changed] = field(default_factory=list)
     #: Fixes not dropped: a later edit shares their lines (drop both).
     entangled: list[str] = field(default_factory=list)
 
 
+#: States in which the tree carries something of ours that --drop takes out.
+DROPPABLE = frozenset(
+    {Status.OURS, Status.BOTH, Status.OURS_CHANGED, Status.TARGET_GONE}
+)
+
+
 def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> Dropping:
-    """Our edits of the requested fixes reversed, with their tests and records
-    deleted. Where a region changed since it was written, nothing of that fix
+    """Our edits of the requested fixes taken out, with their tests and records
+    deleted. Where a hunk changed since it was written, nothing of that fix
     is dropped (its outcome says ``ours, changed``), unless ``force``: then
-    the regions still as written go and the changed ones stay."""
+    the hunks still as written go and the changed ones stay."""
     result = backport(root, fix_ids)
     dropping = Dropping(root, result.outcomes)
     records = {fix: read_record(root, fix) for fix in fixes.fix_ids()}
+    repository = git.Repository.of(root)
     texts: dict[str, str | None] = {}
     for outcome in reversed(result.outcomes):
         record = outcome.record
-        if record is None or outcome.status not in (
-            Status.OURS,
-            Status.BOTH,
-            Status.OURS_CHANGED,
-        ):
+        if record is None or outcome.status not in DROPPABLE:
             continue
         if outcome.status is Status.OURS_CHANGED and not force:
             continue
         later = _later(record.fix_id, records)
         files = _files_of([record, *later])
         current = {p: texts[p] if p in texts else Tree(root).original(p) for p in files}
-        restored, changed, entangled = reversed_in_place(record, later, current)
+        reversal, entangled = without_ours(record, later, current, repository)
         if entangled:
             dropping.entangled.append(
                 f"{record.fix_id}'s edit shares lines with {', '.join(entangled)}'s, "
                 "made after it: drop that too (--fix each), or drop it first"
             )
             continue
-        texts.update({p: t for p, t in restored.items() if p in record.regions})
+        texts.update({p: t for p, t in reversal.texts.items() if t != current.get(p)})
         records[record.fix_id] = None  # gone: later drops need not step round it
         stale_tests = set(tests_changed(record, current))
         for relpath in record.tests:
-            if relpath not in stale_tests:
+            if relpath not in stale_tests and current.get(relpath) is not None:
                 texts[relpath] = None
         texts[record_path(record.fix_id)] = None
         dropping.directories += record.directories
-        dropping.left += [c for c in changed if c.relpath in record.regions]
+        dropping.left += reversal.changed
         dropping.left += [
             Changed(p, f"{p} was changed since it was written; left in place\n")
             for p in sorted(stale_tests)
+            if current.get(p) is not None
         ]
     dropping.changes = texts
     return dropping
@@ -459,6 +522,7 @@ __all__ = [
     "Backport",
     "ConflictError",
     "Dropping",
+    "Gone",
     "NotAVllmTreeError",
     "Outcome",
     "OverlaySourceReader",
@@ -468,5 +532,6 @@ __all__ = [
     "detect",
     "drop",
     "judge_one",
+    "without_ours",
     "written_test_path",
 ]

@@ -18,11 +18,13 @@ def _member_key(name: str) -> tuple[int, str]:
     return 2, name.lower()
 
 
-def render_import(module: str, names: list[str]) -> str:
-    """``from module import names`` as ruff format writes it (no base indent)."""
+def render_import(module: str, names: list[str], expanded: bool = False) -> str:
+    """``from module import names`` as ruff format writes it (no base indent):
+    on one line where it fits, unless ``expanded`` (a statement written one
+    name a line, which ruff keeps so for its trailing comma)."""
     members = sorted(set(names), key=_member_key)
     one_line = f"from {module} import {', '.join(members)}\n"
-    if len(one_line) - 1 <= LINE_LENGTH:
+    if len(one_line) - 1 <= LINE_LENGTH and not expanded:
         return one_line
     body = "".join(f"    {member},\n" for member in members)
     return f"from {module} import (\n{body})\n"
@@ -59,7 +61,8 @@ def rewrite_import(
             raise MissingSymbolError(f"the import of {name} from {module}")
     kept = [name for name in names if name not in remove] + sorted(add - set(names))
     assert existing.end_lineno is not None
-    text = render_import(module, kept) if kept else ""
+    expanded = existing.end_lineno > existing.lineno
+    text = render_import(module, kept, expanded) if kept else ""
     return [LineEdit(existing.lineno - 1, existing.end_lineno, text)]
 
 

@@ -1,32 +1,38 @@
 """The record of one fix's edit, kept in the tree beside the tests it wrote.
 
-``--write`` stores, per fix, each changed region of each source file exactly
-as it was and as the edit left it (with a few lines of context), and the
-digest of each test file it wrote, in
-``tests/v1/worker/graphsafe_backport_<fix>.json``. From it:
+``--write`` keeps, per fix, in ``tests/v1/worker/graphsafe_backport_<fix>.json``:
+every hunk of every source file it changed (our lines, the lines they
+replaced, where they were written and the function or class they sit in), the
+git blob id of each of those files as the write left it, and the digest of
+each test file it wrote. :mod:`.ours` finds our edit again from it, by our own
+lines, and takes it out.
 
-* ``--check`` tells our edit (every region still as written) from upstream's
-  fix, and names a region a merge or a person changed;
-* ``--drop`` puts each region back byte for byte and deletes the tests and
-  the record, or, where a region changed, refuses and shows it.
+Upstream's lines beside a hunk are kept only as a hint (``above``,
+``below``): they choose between places where our lines recur, and are never
+required, since a merge moves and changes them.
 
-A region is found by its text (context included), nearest to where it was
-written, so lines added or removed elsewhere in the file by a merge do not
-matter.
+Records of format 1 (vllm-graphsafe before its record held hunks: regions of
+changed lines with three lines of context each) are read as hunks: each run of
+our lines in a region is one hunk, and the context its hint.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-#: Lines of unchanged text kept on each side of a region.
-CONTEXT = 3
-FORMAT = "vllm-graphsafe backport record 1"
+FORMAT = "vllm-graphsafe backport record 2"
+FORMAT_1 = "vllm-graphsafe backport record 1"
+#: Lines of upstream's text kept on each side of a hunk, as a hint.
+HINT = 3
+#: A git object id (SHA-1, or SHA-256).
+_BLOB_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 def record_path(fix_id: str) -> str:
@@ -34,37 +40,40 @@ def record_path(fix_id: str) -> str:
     return f"tests/v1/worker/graphsafe_backport_{fix_id.replace('-', '_')}.json"
 
 
-@dataclass(frozen=True)
-class Region:
-    """One changed run of lines: ``before`` became ``after``, between
-    ``context_before`` and ``context_after``; ``line`` is where ``after``
-    started (0-based) in the edited file."""
+def lines_of(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+class Hunk(NamedTuple):
+    """One run of our lines: ``after`` took the place of ``before`` (empty for
+    an insertion), starting at ``line`` (0-based) of the file as written."""
 
     line: int
-    context_before: str
     before: str
     after: str
-    context_after: str
+    #: Up to HINT lines of the file just above and just below, as written.
+    above: str = ""
+    below: str = ""
+    #: The function or class of the tree the hunk sits in ("" at module
+    #: level; None where unknown): where it is gone, so is this hunk's place.
+    scope: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "line": self.line,
-            "context_before": self.context_before,
-            "before": self.before,
-            "after": self.after,
-            "context_after": self.context_after,
-        }
+
+class FileEdit(NamedTuple):
+    hunks: tuple[Hunk, ...]
+    #: Whether the edit created the file (rather than changed it).
+    created: bool = False
+    #: git's blob id of the file as the write left it (every fix's edit in).
+    written_blob: str | None = None
 
 
 @dataclass
 class EditRecord:
     fix_id: str
-    #: relpath -> the regions of that source file, top to bottom.
-    regions: dict[str, list[Region]] = field(default_factory=dict)
+    #: relpath -> our hunks in that source file, top to bottom.
+    files: dict[str, FileEdit] = field(default_factory=dict)
     #: relpath -> SHA-256 of a test file the edit wrote (new files).
     tests: dict[str, str] = field(default_factory=dict)
-    #: relpath -> whether the edit created the file (rather than changed it).
-    created: dict[str, bool] = field(default_factory=dict)
     #: Directories the edit created for its tests, deepest first.
     directories: list[str] = field(default_factory=list)
 
@@ -74,15 +83,18 @@ class EditRecord:
             "about": (
                 "vllm-graphsafe backport wrote this file with the edit of "
                 f"{self.fix_id}: `vllm-graphsafe backport --check` reads it to "
-                "tell this edit from upstream's fix, `--drop` to reverse it "
+                "tell this edit from upstream's fix, `--drop` to take it out "
                 "exactly. Keep it with the edit; it goes when the edit does."
             ),
             "fix": self.fix_id,
             "files": {
-                relpath: [region.to_json() for region in regions]
-                for relpath, regions in sorted(self.regions.items())
+                relpath: {
+                    "created": edit.created,
+                    "written_blob": edit.written_blob,
+                    "hunks": [hunk._asdict() for hunk in edit.hunks],
+                }
+                for relpath, edit in sorted(self.files.items())
             },
-            "created": dict(sorted(self.created.items())),
             "tests": dict(sorted(self.tests.items())),
             "directories": list(self.directories),
         }
@@ -95,31 +107,26 @@ class EditRecord:
             document = json.loads(text)
         except ValueError:
             return None
-        if not isinstance(document, dict) or document.get("format") != FORMAT:
+        if not isinstance(document, dict):
             return None
         fix_id, files = document.get("fix"), document.get("files")
-        tests, created = document.get("tests"), document.get("created", {})
+        tests, directories = document.get("tests", {}), document.get("directories", [])
+        created = document.get("created", {})
+        reader = {FORMAT: _file_edit, FORMAT_1: _regions_as_edit}.get(
+            str(document.get("format"))
+        )
         if not isinstance(fix_id, str) or not isinstance(files, dict):
             return None
-        if not _str_map(tests) or not isinstance(created, dict):
+        if not isinstance(tests, dict) or not _str_map(tests) or reader is None:
             return None
-        directories = document.get("directories", [])
-        if not isinstance(directories, list) or not all(
-            isinstance(d, str) for d in directories
-        ):
+        if not _str_list(directories) or not isinstance(created, dict):
             return None
-        assert isinstance(tests, dict)
-        record = cls(fix_id, tests=dict(tests), created={}, directories=directories)
-        for relpath, regions in files.items():
-            if not isinstance(relpath, str) or not isinstance(regions, list):
+        record = cls(fix_id, tests=dict(tests), directories=list(directories))
+        for relpath, data in files.items():
+            edit = reader(data, created.get(relpath))
+            if not isinstance(relpath, str) or edit is None:
                 return None
-            parsed = [_region(r) for r in regions]
-            if any(r is None for r in parsed):
-                return None
-            record.regions[relpath] = [r for r in parsed if r is not None]
-        record.created = {
-            str(k): bool(v) for k, v in created.items() if isinstance(k, str)
-        }
+            record.files[relpath] = edit
         return record
 
 
@@ -129,41 +136,166 @@ def _str_map(value: Any) -> bool:
     )
 
 
-def _region(data: Any) -> Region | None:
-    keys = ("context_before", "before", "after", "context_after")
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _hunk(data: Any) -> Hunk | None:
     if not isinstance(data, dict) or not isinstance(data.get("line"), int):
         return None
-    if not all(isinstance(data.get(key), str) for key in keys):
+    texts = [data.get(key, "") for key in ("before", "after", "above", "below")]
+    scope = data.get("scope")
+    if not all(isinstance(text, str) for text in texts):
         return None
-    return Region(data["line"], *(data[key] for key in keys))
+    if scope is not None and not isinstance(scope, str):
+        return None
+    before, after, above, below = texts
+    return Hunk(data["line"], before, after, above, below, scope)
+
+
+def _file_edit(data: Any, _created: object) -> FileEdit | None:
+    if not isinstance(data, dict) or not isinstance(data.get("hunks"), list):
+        return None
+    blob = data.get("written_blob")
+    hunks = [_hunk(h) for h in data["hunks"]]
+    if blob is not None and not _BLOB_ID.fullmatch(str(blob)):
+        return None
+    if None in hunks:
+        return None
+    return FileEdit(
+        tuple(h for h in hunks if h is not None), bool(data.get("created")), blob
+    )
+
+
+def _regions_as_edit(data: Any, created: object) -> FileEdit | None:
+    """A format-1 file entry (regions: context, before, after, context) as
+    hunks: each run of changed lines inside a region is one hunk."""
+    keys = ("context_before", "before", "after", "context_after")
+    if not isinstance(data, list):
+        return None
+    hunks: list[Hunk] = []
+    for region in data:
+        if not isinstance(region, dict) or not isinstance(region.get("line"), int):
+            return None
+        if not all(isinstance(region.get(key), str) for key in keys):
+            return None
+        above, before, after, below = (lines_of(region[key]) for key in keys)
+        matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                hunks.append(
+                    Hunk(
+                        region["line"] + j1,
+                        "".join(before[i1:i2]),
+                        "".join(after[j1:j2]),
+                        "".join((above + after[:j1])[-HINT:]),
+                        "".join((after[j2:] + below)[:HINT]),
+                    )
+                )
+    return FileEdit(tuple(hunks), bool(created))
 
 
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def regions_between(original: str, edited: str) -> list[Region]:
-    """The changed runs of lines from ``original`` to ``edited``; changes closer
-    than twice the context make one region, so no region's context holds
-    another's lines."""
-    old = original.splitlines(keepends=True)
-    new = edited.splitlines(keepends=True)
-    found: list[Region] = []
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for group in matcher.get_grouped_opcodes(CONTEXT):
-        changes = [op for op in group if op[0] != "equal"]
-        i1, j1 = changes[0][1], changes[0][3]
-        i2, j2 = changes[-1][2], changes[-1][4]
-        found.append(
-            Region(
+def blob_id(text: str) -> str:
+    """git's (SHA-1) object id of a file holding ``text``."""
+    data = text.encode("utf-8")
+    return hashlib.sha1(
+        b"blob %d\0" % len(data) + data, usedforsecurity=False
+    ).hexdigest()
+
+
+def definitions(text: str) -> list[tuple[int, int, str]] | None:
+    """(first line, last line, dotted name) of every function and class in
+    ``text`` (1-based, decorators included); None where it does not parse."""
+    try:
+        module = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    found: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                found.append((first, child.end_lineno or child.lineno, name))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(module, "")
+    return found
+
+
+def _scope(
+    spans: list[tuple[int, int, str]] | None, known: set[str], first: int, last: int
+) -> str | None:
+    """The innermost function or class of the original file around lines
+    ``first``..``last`` (1-based) of the edited one."""
+    if spans is None:
+        return None
+    around = [s for s in spans if s[0] <= first and last <= s[1] and s[2] in known]
+    return max(around, key=lambda s: s[0])[2] if around else ""
+
+
+def _span(start: int, end: int) -> tuple[int, int]:
+    """The 1-based lines a hunk at ``[start, end)`` must be inside of: its own
+    lines, or for one with none, the lines on each side of it."""
+    return (start + 1, end) if end > start else (max(start, 1), start + 1)
+
+
+def _slid(new: list[str], start: int, end: int, low: int, high: int) -> int:
+    """How far to slide inserted lines ``new[start:end]`` (within the unchanged
+    lines ``new[low:high]`` around them) so that they end in a blank line and
+    begin with one that is not, as a method or block written in is read; 0
+    where no such place is."""
+    places = [0]
+    while (
+        start + places[-1] > low
+        and new[start + places[-1] - 1] == new[end + places[-1] - 1]
+    ):
+        places.append(places[-1] - 1)
+    shift = 0
+    while end + shift < high and new[start + shift] == new[end + shift]:
+        shift += 1
+        places.append(shift)
+
+    def whole(shift: int) -> bool:
+        block = new[start + shift : end + shift]
+        return not block[-1].strip() and bool(block[0].strip())
+
+    return min((s for s in places if whole(s)), key=abs, default=0)
+
+
+def hunks_between(original: str, edited: str) -> tuple[Hunk, ...]:
+    """Each run of changed lines from ``original`` to ``edited``."""
+    old, new = lines_of(original), lines_of(edited)
+    spans = definitions(edited)
+    known = {name for _, _, name in definitions(original) or []}
+    opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    hunks = []
+    for index, (tag, i1, i2, j1, j2) in enumerate(opcodes):
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            low = opcodes[index - 1][3] if index else j1
+            high = opcodes[index + 1][4] if index + 1 < len(opcodes) else j2
+            shift = _slid(new, j1, j2, low, high)
+            i1, i2, j1, j2 = i1 + shift, i2 + shift, j1 + shift, j2 + shift
+        hunks.append(
+            Hunk(
                 line=j1,
-                context_before="".join(new[max(j1 - CONTEXT, 0) : j1]),
                 before="".join(old[i1:i2]),
                 after="".join(new[j1:j2]),
-                context_after="".join(new[j2 : j2 + CONTEXT]),
+                above="".join(new[max(j1 - HINT, 0) : j1]),
+                below="".join(new[j2 : j2 + HINT]),
+                scope=_scope(spans, known, *_span(j1, j2)),
             )
         )
-    return found
+    return tuple(hunks)
 
 
 def record_of(
@@ -177,123 +309,18 @@ def record_of(
     record = EditRecord(fix_id)
     for relpath, text in edited.items():
         before = originals.get(relpath)
-        record.created[relpath] = before is None
-        record.regions[relpath] = regions_between(before or "", text)
+        record.files[relpath] = FileEdit(
+            hunks_between(before or "", text), created=before is None
+        )
     record.tests = {relpath: digest(text) for relpath, text in tests.items()}
     return record
 
 
-@dataclass(frozen=True)
-class Changed:
-    """A region of our edit that is no longer as written."""
-
-    relpath: str
-    #: A unified diff from the region as written to what the file holds there.
-    diff: str
-
-
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    for line in text.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-    return starts
-
-
-def _find(text: str, block: str, near_line: int) -> int | None:
-    """The offset of ``block`` in ``text`` at a line start nearest to
-    ``near_line``; None where it is not there."""
-    starts = _line_starts(text)
-    at_line = set(starts)
-    best: tuple[int, int] | None = None
-    offset = text.find(block)
-    while offset >= 0:
-        if offset in at_line:
-            distance = abs(starts.index(offset) - near_line)
-            if best is None or distance < best[0]:
-                best = (distance, offset)
-        offset = text.find(block, offset + 1)
-    return None if best is None else best[1]
-
-
-def reverse(
-    record: EditRecord, current: Mapping[str, str | None]
-) -> tuple[dict[str, str | None], list[Changed]]:
-    """Each recorded file with our regions put back as they were (None: a
-    file the edit created, to delete), and the regions no longer as written."""
-    restored: dict[str, str | None] = {}
-    changed: list[Changed] = []
-    for relpath, regions in record.regions.items():
-        text = current.get(relpath)
-        if text is None:
-            changed.append(Changed(relpath, f"{relpath} is gone\n"))
-            continue
-        for region in sorted(regions, key=lambda r: r.line, reverse=True):
-            written = region.context_before + region.after + region.context_after
-            offset = _find(
-                text, written, region.line - region.context_before.count("\n")
-            )
-            if offset is None:
-                changed.append(Changed(relpath, _what_differs(relpath, text, region)))
-                continue
-            put_back = region.context_before + region.before + region.context_after
-            text = text[:offset] + put_back + text[offset + len(written) :]
-        created = record.created.get(relpath, False)
-        restored[relpath] = None if created and text == "" else text
-    return restored, changed
-
-
-def forward(
-    record: EditRecord, current: Mapping[str, str | None]
-) -> tuple[dict[str, str | None], bool]:
-    """Each recorded file with our regions made again where they are as they
-    were before the edit (the edit re-applied to a tree it was taken out of),
-    and whether every region was."""
-    done: dict[str, str | None] = {}
-    whole = True
-    for relpath, regions in record.regions.items():
-        text = current.get(relpath)
-        if text is None:
-            text = "" if record.created.get(relpath, False) else None
-        if text is None:
-            continue
-        for region in sorted(regions, key=lambda r: r.line, reverse=True):
-            before = region.context_before + region.before + region.context_after
-            offset = _find(
-                text, before, region.line - region.context_before.count("\n")
-            )
-            if offset is None:
-                whole = False
-                continue
-            made = region.context_before + region.after + region.context_after
-            text = text[:offset] + made + text[offset + len(before) :]
-        done[relpath] = text
-    return done, whole
-
-
-def _what_differs(relpath: str, text: str, region: Region) -> str:
-    """The region as written against the lines the file holds near it."""
-    written = region.context_before + region.after + region.context_after
-    lines = text.splitlines(keepends=True)
-    want = written.splitlines(keepends=True)
-    anchor = region.context_before or region.context_after
-    offset = _find(text, anchor, region.line) if anchor else None
-    start = (
-        _line_starts(text).index(offset)
-        if offset is not None
-        else min(max(region.line - CONTEXT, 0), len(lines))
-    )
-    have = lines[start : start + len(want)]
-    return "".join(
-        difflib.unified_diff(
-            want, have, fromfile=f"{relpath} (as written)", tofile=f"{relpath} (now)"
-        )
-    )
-
-
-def tests_changed(record: EditRecord, current: Mapping[str, str | None]) -> list[str]:
-    """The written test files that are gone or no longer as written."""
-    return [
-        relpath
-        for relpath, sha in record.tests.items()
-        if current.get(relpath) is None or digest(current[relpath] or "") != sha
-    ]
+def with_written_blobs(record: EditRecord, written: Mapping[str, str]) -> EditRecord:
+    """``record`` naming, for each of its files, the blob of the file as the
+    whole write left it (``written``: relpath -> text)."""
+    record.files = {
+        relpath: edit._replace(written_blob=blob_id(written[relpath]))
+        for relpath, edit in record.files.items()
+    }
+    return record

@@ -26,11 +26,13 @@ EPILOG = f"""\
 states (one line per fix on stderr; --json: the same as data):
   needed          the bug is there and no fix: --write adds ours
   ours            our edit is in, as written, and the tree still needs it
-  ours, changed   our edit is in, but a merge or a person changed it: each
-                  region that differs is shown
+  ours, changed   our edit is in, but a merge or a person changed our own
+                  lines: each hunk that differs is shown
   native          the tree fixes it itself (upstream's or the fork's own fix)
   both            our edit is in beside a fix of the tree's own: --drop ours
   not applicable  the tree has no code this fix is about
+  target gone     the file, or the function, our edit was in is gone (a merge
+                  removed it): --drop takes out what is left of ours
 Native is judged by running the fix's cases on the tree's code ("behaviour:
 40/40 cases"); where they cannot run, by reading it, and then never native.
 
@@ -142,6 +144,8 @@ def describe(outcome: Any) -> str:
         return f"{fix}: ours ({outcome.reason}; without it: needed, {found})"
     if status is Status.BOTH:
         return f"{fix}: both (without ours: native, {found}); {outcome.reason}"
+    if status is Status.TARGET_GONE:
+        return f"{fix}: target gone ({outcome.reason})"
     return f"{fix}: ours, changed ({outcome.reason}); see below"
 
 
@@ -162,6 +166,7 @@ def _fix_report(outcome: Any) -> dict[str, Any]:
             {"file": changed.relpath, "diff": changed.diff}
             for changed in outcome.changed
         ],
+        "gone": [{"file": gone.relpath, "what": gone.what} for gone in outcome.gone],
         "verify": None,
     }
 
@@ -252,7 +257,7 @@ def _check_status(result: Any) -> int:
         return EXIT_OURS_CHANGED
     if Status.CANNOT_BIND in states:
         return EXIT_CANNOT_BIND
-    if states & {Status.NEEDED, Status.BOTH}:
+    if states & {Status.NEEDED, Status.BOTH, Status.TARGET_GONE}:
         return EXIT_FIXES_NEEDED
     return EXIT_OK
 

@@ -42,7 +42,9 @@ def test_write_then_drop_gives_back_every_byte(tree: Path) -> None:
     assert not (tree / "tests").exists(), "a directory our edit made was left behind"
 
 
-def test_a_region_changed_after_the_write_is_shown_and_not_dropped(tree: Path) -> None:
+def test_a_line_of_ours_changed_after_the_write_is_shown_and_not_dropped(
+    tree: Path,
+) -> None:
     backport(tree, "--write", "--fix", V1)
     runner = tree / RUNNER
     text = runner.read_text(encoding="utf-8")
@@ -139,6 +141,7 @@ FIX_KEYS: dict[str, type | tuple[type, ...]] = {
     "files": list,
     "tests": list,
     "changed": list,
+    "gone": list,
     "verify": (dict, type(None)),
 }
 REPORT_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -162,6 +165,7 @@ STATES = {
     "both",
     "not applicable",
     "cannot bind",
+    "target gone",
 }
 
 

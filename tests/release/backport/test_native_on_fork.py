@@ -14,8 +14,14 @@ import pytest
 
 from tests.backport_trees import REPO
 from tests.release.classes.test_merge_cycle import conflicting_merge, merge_cycle
+from tests.release.classes.test_merge_neighbours import (
+    our_own_lines_changed,
+    upstream_next_to_ours,
+)
 from tests.release.classes.test_native_by_behaviour import applicable, check
+from tests.release.merge_cycle import Carrying, carrying, v1_runner_removed
 from tests.release.native_variants import ALL_VARIANTS, Variant
+from tests.release.neighbours import NEIGHBOURS, REMOVALS
 
 FORK_DIR = REPO.parent / "shared" / "forks" / "1cat-vllm-ae13773a"
 FORK = next(iter(sorted(FORK_DIR.glob("*.tar.gz"))), FORK_DIR / "absent")
@@ -63,3 +69,31 @@ def test_the_merge_cycle_on_the_fork(fork_repo: Path) -> None:
 @needs_fork
 def test_a_merge_conflict_on_the_fork_is_named(fork_repo: Path) -> None:
     conflicting_merge(fork_repo)
+
+
+@needs_fork
+def test_the_v1_runner_removed_on_the_fork(fork_repo: Path) -> None:
+    v1_runner_removed(fork_repo)
+
+
+@pytest.fixture(scope="module")
+def fork_carrying(tmp_path_factory: pytest.TempPathFactory) -> Carrying:
+    root = tmp_path_factory.mktemp("fork-carrying")
+    with tarfile.open(FORK) as archive:
+        archive.extractall(root, filter="data")
+    return carrying(root)
+
+
+@needs_fork
+@pytest.mark.parametrize("name", [*NEIGHBOURS, *REMOVALS])
+def test_upstream_changes_next_to_our_hunks_on_the_fork(
+    fork_carrying: Carrying, name: str
+) -> None:
+    upstream_next_to_ours(fork_carrying, name, {**NEIGHBOURS, **REMOVALS}[name])
+
+
+@needs_fork
+def test_a_change_to_our_own_lines_is_refused_on_the_fork(
+    fork_carrying: Carrying,
+) -> None:
+    our_own_lines_changed(fork_carrying)

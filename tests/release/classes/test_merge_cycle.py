@@ -1,9 +1,11 @@
 """Carrying the fixes through upstream merges, on the installed release's tree.
 
-write -> ``ours``; merge of an upstream-style fix -> ``both``; ``--drop`` ->
-``native`` with the tree equal to upstream's branch (``git diff`` empty, no
-file left behind); a merge that conflicts inside an edited function is named
-file by file.
+write -> ``ours``; merge of an upstream-style fix that rewrites the lines
+just above our edit -> ``both``; ``--drop`` -> ``native`` with the tree equal
+to upstream's branch (``git diff`` empty, no file left behind); a merge that
+conflicts inside an edited function is named file by file; a merge that
+removes the V1 runner (as vLLM 0.34 does) -> ``target gone``, and ``--drop``
+removes what is left of ours.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.release.merge_cycle import (
     repository,
     states,
     upstream_fix,
+    v1_runner_removed,
 )
 from tests.release.native_variants import after_shape_rule
 from vllm_graphsafe.backport import FIX_IDS
@@ -101,6 +104,10 @@ def test_write_merge_upstream_drop(repo: Path) -> None:
 
 def test_a_merge_conflict_inside_our_edit_is_named(repo: Path) -> None:
     conflicting_merge(repo)
+
+
+def test_upstream_removes_the_v1_runner(repo: Path) -> None:
+    v1_runner_removed(repo)
 
 
 def test_every_fix_is_reported(repo: Path) -> None:

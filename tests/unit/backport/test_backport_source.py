@@ -42,11 +42,19 @@ def test_short_imports_stay_on_one_line_and_long_ones_wrap() -> None:
     assert all(len(line) <= 88 for line in wrapped.splitlines())
 
 
-def test_dropping_a_name_rewrites_the_statement_in_place() -> None:
+def test_dropping_a_name_changes_only_its_line() -> None:
+    """A statement written one name a line stays so (ruff keeps it so for its
+    trailing comma): the edit is the one line, not the statement."""
     module = source()
     text = module.apply(rewrite_import(module, "vllm.c.d", {"shape_rule"}, set()))
+    assert text == MODULE.replace("    shape_rule,\n", "")
+    one_line = source(
+        MODULE.replace(
+            "(\n    Gamma,\n    delta,\n    shape_rule,\n)", "Gamma, delta, shape_rule"
+        )
+    )
+    text = one_line.apply(rewrite_import(one_line, "vllm.c.d", {"shape_rule"}, set()))
     assert "from vllm.c.d import Gamma, delta\n" in text
-    assert "shape_rule," not in text
 
 
 def test_dropping_the_only_name_deletes_the_statement() -> None:
