@@ -315,20 +315,20 @@ def without_ours(
     return beneath, [r.fix_id for r in later if set(r.files) & set(record.files)]
 
 
-def _judged(patch: Patch) -> str:
+def _found(judged: Judged) -> str:
     """The state of a fix on a tree without our edit, and how it was found."""
-    if patch.state is PatchState.NOT_APPLICABLE:
+    if judged.state is PatchState.NOT_APPLICABLE:
         return Status.NOT_APPLICABLE.value
-    return patch.finding() or Status.NEEDED.value
+    return judged.finding() or Status.NEEDED.value
 
 
-def _gone_reason(gone: list[Gone], left: list[str], without: Patch) -> str:
+def _gone_reason(gone: list[Gone], left: list[str], without: Judged) -> str:
     files = [g.what for g in gone if g.what == g.relpath]
     places = [g.what for g in gone if g.what != g.relpath and g.relpath not in files]
     return (
         f"the tree no longer has {' nor '.join(dict.fromkeys(files + places))}, "
         f"where our edit was; left of ours: {', '.join(left)}; the tree without "
-        f"them: {_judged(without)}; drop what is left (--drop)"
+        f"them: {_found(without)}; drop what is left (--drop)"
     )
 
 
