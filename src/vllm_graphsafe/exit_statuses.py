@@ -172,8 +172,9 @@ BACKPORT: tuple[ExitStatus, ...] = (
     ),
     ExitStatus(
         BACKPORT_FIXES_NEEDED,
-        "--check: something to do: a fix is needed, or both ours and the tree's "
-        "own fix are in (drop ours)",
+        "--check: something to do: a fix is needed, both ours and the tree's own "
+        "fix are in (drop ours), or the code our edit was in is gone (drop what "
+        "is left)",
     ),
     ExitStatus(
         BACKPORT_CANNOT_BIND,

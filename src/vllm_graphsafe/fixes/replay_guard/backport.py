@@ -34,7 +34,11 @@ from vllm_graphsafe.backport.source import (
 )
 from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.replay_guard import FIX, written_tests
-from vllm_graphsafe.fixes.replay_guard.eager_branch import METADATA_LOCAL, replay_branch
+from vllm_graphsafe.fixes.replay_guard.eager_branch import (
+    METADATA_LOCAL,
+    eager_metadata,
+    replay_branch,
+)
 from vllm_graphsafe.vllm_layout import (
     CUDA_GRAPH,
     CUDA_GRAPH_WRAPPER_CLASS,
@@ -143,7 +147,7 @@ _VARLEN_TEST = " and desc.max_query_len is None"
 _REBIND = """\
 # Never a FULL decode graph over a prefill (vllm-graphsafe replay guard).
 {desc} = graphsafe_leave_decode_graph_for_prefill(
-    {desc}, attn_metadata
+    {desc}, {metadata}
 )
 """
 
@@ -276,8 +280,9 @@ def _mrv2(tree: Tree, plan: Plan) -> int:
 
 
 def _rebind_edits(source: SourceFile) -> list[LineEdit]:
-    """Before each replay in an if/else on the graph mode, in a function that
-    holds the step's ``attn_metadata``: the descriptor rebound."""
+    """Before each replay in an if/else on the graph mode whose ``else`` runs
+    on one attention metadata local (the step's, or a drafter's own): the
+    descriptor rebound by that metadata."""
     edits = []
     for node in ast.walk(source.tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -285,9 +290,11 @@ def _rebind_edits(source: SourceFile) -> list[LineEdit]:
         branch = replay_branch(node)
         if branch is None:
             continue
-        if METADATA_LOCAL not in assigned_names(node) | set(
-            recognition.parameter_names(node)
-        ):
+        metadata = eager_metadata(
+            branch.node.orelse,
+            assigned_names(node) | set(recognition.parameter_names(node)),
+        )
+        if metadata is None:
             continue
         line = branch.node.lineno - 1
         if not source.lines[line].lstrip().startswith("if "):
@@ -295,7 +302,7 @@ def _rebind_edits(source: SourceFile) -> list[LineEdit]:
                 f"the replay of {source.module_name}.{node.name} in an if of its own "
                 "(not an elif)"
             )
-        rebind = _REBIND.format(desc=branch.descriptor)
+        rebind = _REBIND.format(desc=branch.descriptor, metadata=metadata)
         edits.append(
             LineEdit(line, line, indent_block(rebind, source.indent_of(branch.node)))
         )

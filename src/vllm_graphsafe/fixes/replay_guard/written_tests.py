@@ -228,7 +228,9 @@ def _runner(batch_desc, attn_metadata, monkeypatch):
         prepare_inputs=lambda *args, **kwargs: input_batch,
         prepare_attn=lambda batch: (mock.MagicMock(), mock.MagicMock()),
         gather_batch_req_state=lambda *args: (
-            SimpleNamespace(num_tokens=NUM_TOKENS, has_prefill=False),
+            SimpleNamespace(
+                num_tokens=NUM_TOKENS, has_prefill=False, decode_graph_eligible=True
+            ),
             4,
         ),
         _get_uniform_decode_token_count=lambda *args: 4,
