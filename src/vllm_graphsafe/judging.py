@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import enum
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.behaviour.judgement import Evidence, by_reading, settled
+from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.settings import DISABLE_ENV
 from vllm_graphsafe.sources import SourceReader
 
@@ -296,6 +298,13 @@ class FixJudge(NamedTuple):
             if missing is not None:
                 return missing
         return None
+
+
+def imported_class(module: str, name: str) -> type | None:
+    """``module.name`` as vLLM defines it (without this package's hooks),
+    where ``module`` is imported; None otherwise."""
+    found = getattr(sys.modules.get(module), name, None)
+    return unhooked(found) if isinstance(found, type) else None
 
 
 def fix_judge(fix: Fix) -> FixJudge:

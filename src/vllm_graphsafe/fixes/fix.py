@@ -36,3 +36,14 @@ class Fix(NamedTuple):
     package: str
     #: The decision events its hooks count (``/metrics``, the statistics files).
     events: tuple[str, ...] = ()
+
+
+#: The V1 runner's fixes: when they go, and why they do not apply without it.
+V1_RUNNER_DELETE_WHEN = (
+    "the oldest vLLM you serve has no V1 model runner (0.34 removed it): "
+    "no release has upstream's fix, so it retires with the runner"
+)
+V1_RUNNER_ABSENT = (
+    "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
+    "removed it, and Model Runner V2 runs every model"
+)

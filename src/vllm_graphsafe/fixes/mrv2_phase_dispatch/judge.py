@@ -7,7 +7,6 @@ from typing import Any, NamedTuple
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.behaviour.judgement import Evidence
-from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
@@ -16,6 +15,7 @@ from vllm_graphsafe.judging import (
     SetsAttribute,
     TakesParameters,
     Verdict,
+    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
@@ -187,9 +187,9 @@ def live(draft: bool = True) -> Evidence | None:
     (unless ``draft`` is off) compiled from the installed source."""
     classes: dict[tuple[str, str], type] = {}
     for module, owner in ((RUNNER_MODULE, MRV2_RUNNER_CLASS), *MRV2_SPECULATORS):
-        found = getattr(sys.modules.get(module), owner, None)
-        if isinstance(found, type):
-            classes[(module, owner)] = unhooked(found)
+        found = imported_class(module, owner)
+        if found is not None:
+            classes[(module, owner)] = found
     if (RUNNER_MODULE, MRV2_RUNNER_CLASS) not in classes:
         return None
     input_batch = getattr(sys.modules.get(INPUT_BATCH_MODULE), "InputBatch", None)

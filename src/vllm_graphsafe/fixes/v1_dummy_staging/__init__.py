@@ -7,7 +7,7 @@ hooks (``hooks``), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import Fix
+from vllm_graphsafe.fixes.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 #: Dummy runs whose metadata the staging made consistent.
@@ -36,15 +36,9 @@ FIX = Fix(
         "`_build_attention_metadata` (0.22)"
     ),
     upstream=("vllm-project/vllm#54604",),
-    delete_when=(
-        "the oldest vLLM you serve has no V1 model runner (0.34 removed it): "
-        "no release has upstream's fix, so it retires with the runner"
-    ),
+    delete_when=V1_RUNNER_DELETE_WHEN,
     anchor=V1_RUNNER,
-    absent=(
-        "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
-        "removed it, and Model Runner V2 runs every model"
-    ),
+    absent=V1_RUNNER_ABSENT,
     commit_subject=(
         "[Bugfix][V1] Stage consistent FULL dummy length and position metadata"
     ),

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.behaviour.judgement import Evidence
-from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
@@ -15,6 +13,7 @@ from vllm_graphsafe.judging import (
     Requirement,
     SetsAttribute,
     TakesParameters,
+    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
@@ -118,12 +117,12 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = getattr(sys.modules.get(RUNNER_MODULE), V1_RUNNER_CLASS, None)
-    if not isinstance(runner_class, type):
+    runner_class = imported_class(RUNNER_MODULE, V1_RUNNER_CLASS)
+    if runner_class is None:
         return None
     from vllm_graphsafe.fixes.v1_dummy_staging.behaviour import judge_live
 
-    return judge_live(unhooked(runner_class))
+    return judge_live(runner_class)
 
 
 JUDGE = FixJudge(

@@ -11,7 +11,7 @@ writes (``written_tests``); the row rules live in ``fixes.phase_rows`` and
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import Fix
+from vllm_graphsafe.fixes.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
@@ -51,15 +51,9 @@ FIX = Fix(
         "vllm-project/vllm#47123",
         "vllm-project/vllm#53059",
     ),
-    delete_when=(
-        "the oldest vLLM you serve has no V1 model runner (0.34 removed it): "
-        "no release has upstream's fix, so it retires with the runner"
-    ),
+    delete_when=V1_RUNNER_DELETE_WHEN,
     anchor=V1_RUNNER,
-    absent=(
-        "this vLLM has no V1 model runner, the code this fixes: vLLM 0.34 "
-        "removed it, and Model Runner V2 runs every model"
-    ),
+    absent=V1_RUNNER_ABSENT,
     commit_subject=(
         "[Bugfix][V1] Keep prompt chunks off the uniform decode CUDA graph"
     ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from vllm_graphsafe import recognition
@@ -11,7 +10,6 @@ from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     draft_counts_only_on_drafting_steps,
     recognise_draft_counting,
 )
-from vllm_graphsafe.hook_points import unhooked
 from vllm_graphsafe.judging import (
     FixJudge,
     Layout,
@@ -19,6 +17,7 @@ from vllm_graphsafe.judging import (
     Requirement,
     SetsAttribute,
     TakesParameters,
+    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
@@ -170,12 +169,12 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = getattr(sys.modules.get(RUNNER_MODULE), V1_RUNNER_CLASS, None)
-    if not isinstance(runner_class, type):
+    runner_class = imported_class(RUNNER_MODULE, V1_RUNNER_CLASS)
+    if runner_class is None:
         return None
     from vllm_graphsafe.fixes.v1_phase_dispatch.behaviour import judge_live
 
-    return judge_live(unhooked(runner_class), SourceReader())
+    return judge_live(runner_class, SourceReader())
 
 
 JUDGE = FixJudge(
