@@ -1,11 +1,11 @@
 """A fix's judge: from vLLM's source to its :class:`Verdict`.
 
 Each fix declares, in its folder's ``judge`` module, one :class:`FixJudge`:
-the module whose presence decides whether it applies, its behaviour cases
-(run on the code compiled from the source), what reading the code finds where
-the cases cannot run, what its hooks need to know of the layout, where they
-bind, and what they read. :meth:`FixJudge.judge` is a pure function of the
-source; the verdict it returns is all the hooks are given.
+its behaviour cases (run on the code compiled from the source), what reading
+the code finds where the cases cannot run, what its hooks need to know of the
+layout, where they bind, and what they read. :func:`judge` is a pure function
+of the source (not applicable where the code the fix is about is absent); the
+verdict it returns is all the hooks are given.
 
 :class:`SetsAttribute` and :class:`TakesParameters` (and any
 :class:`SourceCheck`) name what a hook reads, checked in the source here
@@ -85,7 +85,7 @@ class Verdict(NamedTuple):
         if not self.anchor_exists:
             return Settled(PatchState.NOT_APPLICABLE, self.absent)
         if self.native is not None:
-            # ops: a fix vLLM has natively stays native when disabled (issue 18).
+            # A fix vLLM has natively stays native when disabled.
             return Settled(PatchState.NATIVE, self.native)
         if disabled:
             return Settled(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
