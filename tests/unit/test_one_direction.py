@@ -80,6 +80,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "backport*",
             "fixes.*.backport",
             "fixes.*.written_tests",
+            "fixes.*.written.*",
             "probe*",
             "emulator*",
             "local_engine*",

@@ -34,6 +34,11 @@ DATA_FILES = {
     "tests/unit/test_vllm_paths_in_one_place.py": "this check",
     # The GPU kit carries one pinned release (vLLM 0.24.0): its modules, as data.
     "scripts/gpu_kit/cpu_check.py": "names the modules of the kit's one vLLM",
+    # The tests the backport writes into a vLLM tree import that tree's modules.
+    **{
+        path.relative_to(REPO).as_posix(): "a test the backport writes into a tree"
+        for path in REPO.glob("src/vllm_graphsafe/fixes/*/written/*.py")
+    },
 }
 
 

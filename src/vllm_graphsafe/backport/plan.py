@@ -11,7 +11,10 @@ anything is changed: a fix is applied whole or not at all.
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib import resources
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.backport.source import (
@@ -32,6 +35,33 @@ WRITTEN_TEST_HEADER = """\
 def written_test_path(fix_id: str) -> str:
     """Where a fix's written tests go in the tree, beside vLLM's worker tests."""
     return f"tests/v1/worker/test_graphsafe_backport_{fix_id.replace('-', '_')}.py"
+
+
+def render_written_tests(
+    package: str, sections: Iterable[str], **constants: bool | str
+) -> str:
+    """The tests a fix writes into a tree: the files ``sections`` of the
+    ``written/`` folder of its ``package`` joined in order, each from the end
+    of its ``if TYPE_CHECKING:`` block if it has one (there for ruff and mypy:
+    what the files before it bind), with the line ``NAME = ...`` of each of
+    ``constants`` set to its value."""
+    folder = resources.files(package) / "written"
+    texts = [(folder / f"{name}.py").read_text("utf-8") for name in sections]
+    text = WRITTEN_TEST_HEADER + "\n\n".join(map(_after_type_checking, texts))
+    for name, value in constants.items():
+        literal = f'"{value}"' if isinstance(value, str) else repr(value)
+        text, count = re.subn(
+            rf"^{name} = .*$", f"{name} = {literal}", text, flags=re.M
+        )
+        assert count == 1, f"{package}'s written tests set {name} once"
+    return text
+
+
+def _after_type_checking(text: str) -> str:
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            return "".join(text.splitlines(keepends=True)[node.end_lineno :]).lstrip()
+    return text
 
 
 @dataclass
