@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.release import v1_runner
 from tests.release.merge_cycle import (
     RUNNER,
     backport,
@@ -28,6 +29,7 @@ from tests.release.native_variants import after_shape_rule
 from vllm_graphsafe.backport import FIX_IDS
 
 V1 = "v1-phase-dispatch"
+needs_v1_runner = pytest.mark.skipif(not v1_runner.installed(), reason=v1_runner.ABSENT)
 
 
 def merge_cycle(root: Path) -> None:
@@ -98,14 +100,17 @@ def repo(source_tree_copy: Callable[[], Path]) -> Path:
     return source_tree_copy()
 
 
+@needs_v1_runner
 def test_write_merge_upstream_drop(repo: Path) -> None:
     merge_cycle(repo)
 
 
+@needs_v1_runner
 def test_a_merge_conflict_inside_our_edit_is_named(repo: Path) -> None:
     conflicting_merge(repo)
 
 
+@needs_v1_runner
 def test_upstream_removes_the_v1_runner(repo: Path) -> None:
     v1_runner_removed(repo)
 
