@@ -168,8 +168,7 @@ def collect_report(
                 "title": patch.fix.title,
                 "state": patch.state.value if patch.state else None,
                 "reason": patch.reason,
-                # kept (this user's cache), shipped (this package's table for
-                # the release's exact files) or judged (vLLM's source read now)
+                # kept (this user's cache) or judged (vLLM's source read now)
                 "verdict": patch.verdict_origin,
                 # native or needed, and how: the fix's cases run on the code
                 # (behaviour) or, where they cannot run, the code read
