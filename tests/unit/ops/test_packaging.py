@@ -66,6 +66,25 @@ def test_building_a_wheel_from_a_checkout_writes_nothing_into_it(
         "vllm_graphsafe/fixes/replay_guard/written/wrapper.py",
     } <= names
     assert any(name.endswith("dist-info/entry_points.txt") for name in names)
+    # Only the product: the package and its metadata, none of the modules
+    # that serve the tests and benchmarks (tests/support), and no module of
+    # the package reaches for them.
+    assert {name.split("/", 1)[0] for name in names} == {
+        "vllm_graphsafe",
+        wheel.name.split("-py3")[0] + ".dist-info",
+    }
+    support = ROOT / "tests" / "support"
+    test_only = [
+        path.relative_to(support).as_posix()
+        for path in support.rglob("*.py")
+        if path.parent != support or path.name != "__init__.py"
+    ]
+    assert test_only
+    assert [n for n in names for t in test_only if n.endswith("/" + t)] == []
+    package = zipfile.ZipFile(wheel)
+    assert [
+        n for n in names if n.endswith(".py") and b"tests.support" in package.read(n)
+    ] == []
 
 
 def _sdist_includes() -> list[str]:
