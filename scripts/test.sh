@@ -125,10 +125,10 @@ stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 
 stamp "tests"
-# The full engine suite runs on the newest CPU build, in a stream of its own;
-# the other releases (the older CPU build with the engine tests that show each
-# bug and its fix, the CUDA builds at class level) run beside it in a second
-# stream: two cores, two streams.
+# Two releases at once (two cores): the newest CPU build first, with the full
+# engine suite (the longest); the others (the older CPU build with the engine
+# tests that show each bug and its fix, the CUDA builds at class level) in
+# line, each as soon as a core is free.
 ordered=("$ENGINE_VENV")
 for venv in "${venvs[@]}"; do [[ $venv == "$ENGINE_VENV" ]] || ordered+=("$venv"); done
 [[ " ${venvs[*]} " == *" $ENGINE_VENV "* ]] || ordered=("${venvs[@]}")

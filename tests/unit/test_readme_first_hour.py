@@ -31,14 +31,18 @@ def test_the_readme_unit_tier_block_installs_the_package_with_its_test_tools() -
     commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     venv = next(i for i, c in enumerate(commands) if " -m venv " in c)
     install = commands.index("pip install '.[test]'")
-    tests = next(i for i, c in enumerate(commands) if "-m pytest tests/unit" in c)
+    tests = next(
+        i for i, c in enumerate(commands) if "-m pytest" in c and "tests/unit" in c
+    )
     # A fresh environment, then the package and pytest, then the tier.
     assert venv < install < tests
     assert "activate" in commands[venv]
-    # The extra holds what the tier imports.
+    # The extra holds what the tier imports, and the plugin its workers need.
     pyproject = (ROOT / "pyproject.toml").read_text()
     test_extra = re.search(r"^test = \[(.*)\]$", pyproject, flags=re.MULTILINE)
     assert test_extra and "pytest" in test_extra.group(1)
+    if " -n " in commands[tests]:
+        assert "pytest-xdist" in test_extra.group(1)
 
 
 def test_the_opening_says_what_breaks_for_whom_and_who_need_not_install() -> None:

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,8 +89,16 @@ class TestRun:
 
 
 def verify_tree(result: Backport, python: str) -> list[FixTests]:
-    """Run each requested fix's written tests against ``result.root``."""
-    return [_one(result.root, outcome, python) for outcome in result.outcomes]
+    """Run each requested fix's written tests against ``result.root``, as many
+    fixes at once as there are cores (each run is its own pytest process,
+    most of it spent importing torch)."""
+    workers = max(1, min(len(result.outcomes), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(
+            pool.map(
+                lambda outcome: _one(result.root, outcome, python), result.outcomes
+            )
+        )
 
 
 def _one(root: Path, outcome: Outcome, python: str) -> FixTests:

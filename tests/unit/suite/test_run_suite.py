@@ -186,17 +186,15 @@ def test_a_failed_backport_check_fails_the_suite(
     ]
 
 
-def test_two_streams_add_up_and_keep_each_failure(tmp_path: Path) -> None:
-    good = fake_venv(tmp_path / "good")
-    second = fake_venv(tmp_path / "second")
+def test_venvs_run_two_at_once_and_add_up(tmp_path: Path) -> None:
+    venvs = [fake_venv(tmp_path / name) for name in ("first", "second", "third")]
     result = subprocess.run(
         [
             sys.executable,
             str(ROOT / "scripts" / "run_suite.py"),
             "--no-engine",
             "--jobs=2",
-            str(good),
-            str(second),
+            *map(str, venvs),
         ],
         capture_output=True,
         text=True,
@@ -205,9 +203,10 @@ def test_two_streams_add_up_and_keep_each_failure(tmp_path: Path) -> None:
     )
 
     assert result.returncode == EXIT_OK, result.stdout
-    # logic (first venv of the second stream) + classes twice, 3 tests each.
-    assert "total: 9 passed, 0 failed, 0 skipped" in result.stdout
-    assert result.stdout.count("##### fake-venv #####") == 2
+    # logic (in the second venv) + classes in each of the three, 3 tests each.
+    assert "total: 12 passed, 0 failed, 0 skipped" in result.stdout
+    assert result.stdout.count("##### fake-venv #####") == 3
+    assert result.stdout.count("] started (pid ") == 3
     assert result.stdout.count("\ntotal: ") == 1
 
 
