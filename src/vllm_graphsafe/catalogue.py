@@ -159,10 +159,6 @@ def render_text(patches: Sequence[Fix] | None = None, width: int = 88) -> str:
     return "\n\n".join(blocks)
 
 
-#: The name ``doctor --catalogue`` calls.
-render_catalogue = render_text
-
-
 def render_hooks_header(fix: Fix, width: int = 88) -> str:
     """The fix's facts as the comment block heading its hooks module: what it
     changes, why, the upstream references, when it is removed."""

@@ -73,8 +73,6 @@ MRV2_SPECULATORS = (
 GDN_ATTENTION_BACKEND = "vllm.v1.attention.backends.gdn_attn"
 GDN_BUILDER_CLASS = "GDNAttentionMetadataBuilder"
 MAMBA2_ATTENTION_BACKEND = "vllm.v1.attention.backends.mamba2_attn"
-#: ``CommonAttentionMetadata``, what a runner hands every builder.
-ATTENTION_BACKEND = "vllm.v1.attention.backend"
 #: The builders' host-to-device copies (``PIN_MEMORY``), and vLLM's torch helpers.
 ATTENTION_BACKEND_UTILS = "vllm.v1.attention.backends.utils"
 TORCH_UTILS = "vllm.utils.torch_utils"

@@ -83,10 +83,6 @@ class SourceFile:
         decorators: list[ast.expr] = getattr(node, "decorator_list", [])
         return min([node.lineno, *(d.lineno for d in decorators)]) - 1
 
-    def statement_lines(self, node: ast.stmt) -> str:
-        assert node.end_lineno is not None
-        return "".join(self.lines[node.lineno - 1 : node.end_lineno])
-
     def apply(self, edits: Iterable[LineEdit]) -> str:
         """The text with ``edits`` spliced in; overlapping edits are a bug."""
         lines = self.lines
