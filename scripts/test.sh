@@ -36,8 +36,9 @@ if (( free_gb < need_gb )); then
     exit 1
 fi
 stamp "installing the tested releases (logs: $VENVS/*.install.log; ${free_gb} GB free, ~${need_gb} GB needed)"
-pids=()
 venvs=()
+installing=0
+install_failed() { tail -n 30 "$VENVS"/*.install.log; exit 1; }
 for release in $RELEASES; do
     dist=${release%%==*}
     version=${release##*==}
@@ -45,14 +46,17 @@ for release in $RELEASES; do
     venvs+=("$VENVS/$name")
     scripts/install-venv.sh "$dist" "$version" "$VENVS/$name" \
         > "$VENVS/$name.install.log" 2>&1 &
-    pids+=($!)
-    # Two installs at a time: the machine has two cores.
-    if (( ${#pids[@]} == 2 )); then
-        for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; exit 1; }; done
-        pids=()
+    installing=$((installing + 1))
+    # Two installs at a time (two cores); the next starts as soon as one ends.
+    if (( installing == 2 )); then
+        wait -n || install_failed
+        installing=$((installing - 1))
     fi
 done
-for pid in "${pids[@]}"; do wait "$pid" || { tail -n 30 "$VENVS"/*.install.log; exit 1; }; done
+while (( installing > 0 )); do
+    wait -n || install_failed
+    installing=$((installing - 1))
+done
 stamp "installed: ${venvs[*]}"
 
 # The unit tier, as the README tells a newcomer to run it (a fresh virtual
