@@ -38,7 +38,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
@@ -417,7 +417,7 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
     The second venv runs the once-per-suite tests (the first, the engine suite's
     venv, is the longest)."""
     waiting = list(enumerate(args.venvs))
-    running: list[tuple[Path, subprocess.Popen[bytes], IO[str], Path, Path, float]] = []
+    running: list[Child] = []
     with tempfile.TemporaryDirectory() as scratch:
         while waiting or running:
             while waiting and len(running) < args.jobs:
@@ -440,9 +440,9 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
                 )
                 print(f"[{venv.name}] started (pid {process.pid})", flush=True)
                 running.append(
-                    (venv, process, log, log_path, summary, time.monotonic())
+                    Child(venv, process, log, log_path, summary, time.monotonic())
                 )
-            ended = [child for child in running if child[1].poll() is not None]
+            ended = [child for child in running if child.process.poll() is not None]
             if not ended:
                 time.sleep(0.2)
             for child in ended:
@@ -450,10 +450,18 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
                 collect(child, totals)
 
 
-def collect(
-    child: tuple[Path, subprocess.Popen[bytes], IO[str], Path, Path, float],
-    totals: Totals,
-) -> None:
+class Child(NamedTuple):
+    """A child run_suite.py running one venv."""
+
+    venv: Path
+    process: subprocess.Popen[bytes]
+    log: IO[str]
+    log_path: Path
+    summary: Path
+    started: float
+
+
+def collect(child: Child, totals: Totals) -> None:
     """Show an ended child's log and add its summary to the totals."""
     venv, process, log, log_path, summary, started = child
     log.close()
