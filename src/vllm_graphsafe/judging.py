@@ -27,7 +27,7 @@ from vllm_graphsafe.settings import DISABLE_ENV
 from vllm_graphsafe.sources import SourceReader
 
 if TYPE_CHECKING:
-    from vllm_graphsafe.fixes.fix import Fix
+    from vllm_graphsafe.fix import Fix
 
 
 class PatchState(str, enum.Enum):
@@ -220,7 +220,7 @@ def _no_reads(layout: Layout) -> list[Requirement]:
 
 class FixJudge(NamedTuple):
     """What a fix reads of vLLM's source, and how it decides (where the code
-    it fixes, its :attr:`~vllm_graphsafe.fixes.fix.Fix.anchor`, exists)."""
+    it fixes, its :attr:`~vllm_graphsafe.fix.Fix.anchor`, exists)."""
 
     #: What a native verdict says the code does (before its evidence).
     native_summary: str

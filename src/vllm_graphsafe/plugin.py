@@ -17,8 +17,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_graphsafe import counts, vllm_layout
-from vllm_graphsafe.counts import metrics, roles
+from vllm_graphsafe import counts, metrics, vllm_layout
+from vllm_graphsafe.counts import roles
 from vllm_graphsafe.private_files import (
     is_private_directory,
     make_private_directory,

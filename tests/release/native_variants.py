@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_graphsafe.backport import Judged, judge_one, planner
-from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes import v1_dummy_staging, v1_phase_dispatch
 from vllm_graphsafe.fixes.v1_phase_dispatch.judge import DISPATCH
 from vllm_graphsafe.judging import PatchState
+from vllm_graphsafe.tree_edits.tree import Tree
 
 V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 MRV2_RUNNER = "vllm/v1/worker/gpu/model_runner.py"

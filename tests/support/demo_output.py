@@ -99,8 +99,8 @@ def grammar() -> dict[str, tuple[Kind, ...]]:
     """
     from vllm_graphsafe import vllm_layout
     from vllm_graphsafe.cli import demo, doctor
-    from vllm_graphsafe.counts.metrics import EXAMPLE_ALERT
     from vllm_graphsafe.emulator.demo import EMULATION_NOTE
+    from vllm_graphsafe.metrics import EXAMPLE_ALERT
 
     progress = Kind("start-up progress", _is_progress, least=0, most=None)
     alert = EXAMPLE_ALERT.strip().splitlines()

@@ -20,10 +20,10 @@ import pytest
 from tests.support import fix_tests
 from tests.support.fix_tests import ExtraControl, FixTests
 from vllm_graphsafe import fixes
-from vllm_graphsafe.backport.plan import Plan
 from vllm_graphsafe.fixes import Fix
 from vllm_graphsafe.hook_points import HookPoint
 from vllm_graphsafe.judging import FixJudge, PatchState, Verdict
+from vllm_graphsafe.tree_edits.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "graphsafe_dummy_fix"
@@ -221,7 +221,7 @@ def test_the_backport_plans_it_and_names_its_commit() -> None:
 
 
 def test_metrics_name_its_decision_events() -> None:
-    from vllm_graphsafe.counts.metrics import decisions_help
+    from vllm_graphsafe.metrics import decisions_help
 
     assert "dummy_fix_decision" in fixes.decision_events()
     assert "dummy_fix_decision" in decisions_help()

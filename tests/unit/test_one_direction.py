@@ -3,7 +3,9 @@ hooks, the products on top (docs/architecture.md draws it).
 
 Every import of a module of ``src/vllm_graphsafe`` counts, one inside a
 function too (only ``if TYPE_CHECKING:`` blocks are left out): none may name a
-module of a higher layer.
+module of a higher layer. Seen a folder at a time, the same holds: the
+package's folders and top-level modules import each other without a loop, an
+import for type checking included, so each can be read above what it uses.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "facts",
         (
             "fixes",
-            "fixes.fix",
+            "fix",
             "fixes.phase_events",
             "fixes.phase_rows",
             "fixes.scheduled_rows",
@@ -63,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "hooks",
         (
             "counts*",
+            "metrics",
             "fixes.*.hooks",
             "fixes.v1_phase_dispatch.early",
             "fixes.replay_guard.mrv2",
@@ -78,6 +81,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "catalogue",
             "cli*",
             "backport*",
+            "tree_edits*",
             "fixes.*.backport",
             "fixes.*.written_tests",
             "fixes.*.written.*",
@@ -107,11 +111,14 @@ def layer_of(module: str) -> int:
     return best[0]
 
 
-def imported(tree: ast.Module, module: str) -> set[str]:
-    """The package's modules ``tree`` imports (its own package resolved)."""
+def imported(tree: ast.Module, module: str, *, type_checking: bool = False) -> set[str]:
+    """The package's modules ``tree`` imports (its own package resolved);
+    those under ``if TYPE_CHECKING:`` only with ``type_checking``."""
     found: set[str] = set()
     skipped: set[int] = set()
     for node in ast.walk(tree):
+        if type_checking:
+            break
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped.update(id(child) for child in ast.walk(node))
     for node in ast.walk(tree):
@@ -148,3 +155,36 @@ def test_no_module_imports_one_of_a_higher_layer() -> None:
                     f"({LAYERS[layer_of(target)][0]})"
                 )
     assert upward == []
+
+
+def folder_of(module: str) -> str:
+    """The folder or top-level module of the package that holds ``module``."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_folders_import_each_other_without_a_loop() -> None:
+    arrows: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        tree = ast.parse(path.read_text())
+        source = folder_of(module)
+        for target in imported(tree, module, type_checking=True):
+            if folder_of(target) not in (source, "vllm_graphsafe"):
+                arrows.setdefault(source, set()).add(folder_of(target))
+    loops = []
+    for source, targets in sorted(arrows.items()):
+        for target in sorted(targets):
+            if source in reachable(arrows, target):
+                loops.append(f"{source} -> {target} -> ... -> {source}")
+    assert loops == []
+
+
+def reachable(arrows: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in arrows.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen

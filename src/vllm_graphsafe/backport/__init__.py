@@ -35,18 +35,18 @@ from typing import NamedTuple
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport import git
 from vllm_graphsafe.backport.ours import Changed, Gone, Reversal, reverse, tests_changed
-from vllm_graphsafe.backport.plan import Plan, written_test_path
 from vllm_graphsafe.backport.record import (
     EditRecord,
     record_of,
     record_path,
     with_written_blobs,
 )
-from vllm_graphsafe.backport.source import MissingSymbolError
-from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.judging import PatchState, Verdict, judge
 from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.tree_edits.plan import Plan, written_test_path
+from vllm_graphsafe.tree_edits.source import MissingSymbolError
+from vllm_graphsafe.tree_edits.tree import Tree
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())

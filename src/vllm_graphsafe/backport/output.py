@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport import Backport, Outcome
-from vllm_graphsafe.backport.plan import written_test_path
+from vllm_graphsafe.tree_edits.plan import written_test_path
 
 AUTHOR = "vllm-graphsafe backport <backport@vllm-graphsafe.invalid>"
 _NO_NEWLINE = "\\ No newline at end of file\n"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_graphsafe.backport import Backport, Outcome, Status
-from vllm_graphsafe.backport.plan import written_test_path
+from vllm_graphsafe.tree_edits.plan import written_test_path
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 #: pytest's statuses for "every test passed" and "tests ran and some failed";

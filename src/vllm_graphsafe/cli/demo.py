@@ -441,8 +441,9 @@ def _show_hazard(
 def _show(
     args: argparse.Namespace, server: LocalServer, stats_dir: Path, verdicts: str
 ) -> int:
+    from vllm_graphsafe import metrics
     from vllm_graphsafe.cli import doctor
-    from vllm_graphsafe.counts import metrics, read_stats_dir, render_stats
+    from vllm_graphsafe.counts import read_stats_dir, render_stats
     from vllm_graphsafe.registry import Registry, all_patches
 
     section(DOCTOR_SECTION)
@@ -507,7 +508,7 @@ def _metrics_lines(base_url: str) -> list[str]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_graphsafe.counts import metrics
+    from vllm_graphsafe import metrics
 
     try:
         text = httpx.get(f"{base_url}/metrics", timeout=10).text

@@ -10,13 +10,13 @@ and backport planner are imported by what needs them. Adding a fix:
 
 from __future__ import annotations
 
+from vllm_graphsafe.fix import Fix
 from vllm_graphsafe.fixes import (
     mrv2_phase_dispatch,
     replay_guard,
     v1_dummy_staging,
     v1_phase_dispatch,
 )
-from vllm_graphsafe.fixes.fix import Fix
 
 __all__ = [
     "ALL_FIXES",

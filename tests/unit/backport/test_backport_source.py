@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.backport.imports import render_import, rewrite_import
 from vllm_graphsafe.backport.output import file_diff
-from vllm_graphsafe.backport.source import LineEdit, MissingSymbolError, SourceFile
+from vllm_graphsafe.tree_edits.imports import render_import, rewrite_import
+from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
 
 MODULE = """\
 import numpy as np

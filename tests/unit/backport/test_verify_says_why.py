@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.backport.plan import written_test_path
 from vllm_graphsafe.backport.tree_tests import first_error, verify_written
+from vllm_graphsafe.tree_edits.plan import written_test_path
 
 FIX_ID = "v1-phase-dispatch"
 MISSING = "graphsafe_no_such_module"

@@ -17,13 +17,12 @@ import pytest
 from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_graphsafe import plugin, vllm_layout
+from vllm_graphsafe import metrics, plugin, vllm_layout
 from vllm_graphsafe.counts import (
     ROLE_API_SERVER,
     ROLE_ENGINE_CORE,
     ROLE_MAIN,
     ROLE_WORKER,
-    metrics,
     roles,
 )
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.replay_guard import backport, judge
 from vllm_graphsafe.sources import SourceReader
+from vllm_graphsafe.tree_edits.tree import Tree
 
 FORWARD_CONTEXT = """
 from dataclasses import dataclass

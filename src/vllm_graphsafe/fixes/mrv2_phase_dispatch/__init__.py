@@ -8,7 +8,7 @@ rows it reads are shared with the V1 fix (``fixes.phase_rows``).
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import Fix
+from vllm_graphsafe.fix import Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 from vllm_graphsafe.vllm_layout import MRV2_RUNNER
 

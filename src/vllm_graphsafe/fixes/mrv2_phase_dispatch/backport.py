@@ -13,15 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.backport.imports import rewrite_import, uses_name
-from vllm_graphsafe.backport.plan import (
+from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX, written_tests
+from vllm_graphsafe.tree_edits.imports import rewrite_import, uses_name
+from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
     edit,
     require_attributes,
     written_test_path,
 )
-from vllm_graphsafe.backport.source import (
+from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
@@ -29,8 +30,7 @@ from vllm_graphsafe.backport.source import (
     indent_block,
     statement_calling,
 )
-from vllm_graphsafe.backport.tree import Tree
-from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX, written_tests
+from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import (
     MRV2_AUTOREGRESSIVE_SPECULATOR,
     MRV2_CUDAGRAPH_UTILS,

@@ -8,8 +8,8 @@ forms of the batch they build, never the code under test.
 
 from __future__ import annotations
 
-from vllm_graphsafe.backport.plan import render_written_tests
 from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX
+from vllm_graphsafe.tree_edits.plan import render_written_tests
 
 
 def mrv2_phase_dispatch(

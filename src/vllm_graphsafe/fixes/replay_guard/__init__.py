@@ -18,7 +18,7 @@ replay), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import Fix
+from vllm_graphsafe.fix import Fix
 from vllm_graphsafe.vllm_layout import CUDA_GRAPH
 
 #: A FULL decode graph replayed over a step whose metadata holds no prefill.

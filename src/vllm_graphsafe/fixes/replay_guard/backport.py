@@ -23,22 +23,22 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.backport.imports import rewrite_import
-from vllm_graphsafe.backport.plan import Plan, edit, written_test_path
-from vllm_graphsafe.backport.source import (
-    LineEdit,
-    MissingSymbolError,
-    SourceFile,
-    assigned_names,
-    indent_block,
-)
-from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.replay_guard import FIX, written_tests
 from vllm_graphsafe.fixes.replay_guard.eager_branch import (
     METADATA_LOCAL,
     eager_metadata,
     replay_branch,
 )
+from vllm_graphsafe.tree_edits.imports import rewrite_import
+from vllm_graphsafe.tree_edits.plan import Plan, edit, written_test_path
+from vllm_graphsafe.tree_edits.source import (
+    LineEdit,
+    MissingSymbolError,
+    SourceFile,
+    assigned_names,
+    indent_block,
+)
+from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import (
     CUDA_GRAPH,
     CUDA_GRAPH_WRAPPER_CLASS,

@@ -12,8 +12,8 @@ prefills), never the code under test.
 
 from __future__ import annotations
 
-from vllm_graphsafe.backport.plan import render_written_tests
 from vllm_graphsafe.fixes.replay_guard import FIX
+from vllm_graphsafe.tree_edits.plan import render_written_tests
 
 
 def replay_guard(*, flag: str, mrv2: bool) -> str:

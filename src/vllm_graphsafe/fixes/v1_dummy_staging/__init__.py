@@ -7,7 +7,7 @@ hooks (``hooks``), the backport planner (``backport``) and the tests it writes
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
+from vllm_graphsafe.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
 #: Dummy runs whose metadata the staging made consistent.

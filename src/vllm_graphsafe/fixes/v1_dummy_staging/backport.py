@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.backport.plan import Plan, edit, written_test_path
-from vllm_graphsafe.backport.source import (
+from vllm_graphsafe.fixes.v1_dummy_staging import FIX, written_tests
+from vllm_graphsafe.tree_edits.plan import Plan, edit, written_test_path
+from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
@@ -18,8 +19,7 @@ from vllm_graphsafe.backport.source import (
     indent_block,
     statement_calling,
 )
-from vllm_graphsafe.backport.tree import Tree
-from vllm_graphsafe.fixes.v1_dummy_staging import FIX, written_tests
+from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import V1_CP_UTILS, V1_RUNNER
 
 _STAGE_METHOD = '''\

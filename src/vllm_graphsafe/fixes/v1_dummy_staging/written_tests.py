@@ -8,8 +8,8 @@ forms of the batch they build, never the code under test.
 
 from __future__ import annotations
 
-from vllm_graphsafe.backport.plan import render_written_tests
 from vllm_graphsafe.fixes.v1_dummy_staging import FIX
+from vllm_graphsafe.tree_edits.plan import render_written_tests
 
 
 def v1_dummy_staging(dcp: bool, seq_lens_layout: str) -> str:

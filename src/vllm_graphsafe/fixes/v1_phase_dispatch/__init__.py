@@ -11,7 +11,7 @@ writes (``written_tests``); the row rules live in ``fixes.phase_rows`` and
 
 from __future__ import annotations
 
-from vllm_graphsafe.fixes.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
+from vllm_graphsafe.fix import V1_RUNNER_ABSENT, V1_RUNNER_DELETE_WHEN, Fix
 from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 

@@ -13,26 +13,26 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.backport.plan import (
-    Plan,
-    direct_call_assignment,
-    edit,
-    require_attributes,
-    written_test_path,
-)
-from vllm_graphsafe.backport.source import (
-    LineEdit,
-    MissingSymbolError,
-    SourceFile,
-    indent_block,
-)
-from vllm_graphsafe.backport.tree import Tree
 from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     counts_drafts_only_on_drafting_steps,
     recognise_draft_counting,
 )
+from vllm_graphsafe.tree_edits.plan import (
+    Plan,
+    direct_call_assignment,
+    edit,
+    require_attributes,
+    written_test_path,
+)
+from vllm_graphsafe.tree_edits.source import (
+    LineEdit,
+    MissingSymbolError,
+    SourceFile,
+    indent_block,
+)
+from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"

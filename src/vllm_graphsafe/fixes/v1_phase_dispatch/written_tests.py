@@ -13,8 +13,8 @@ fork that reads more in the rest of its dispatch does not break them.
 
 from __future__ import annotations
 
-from vllm_graphsafe.backport.plan import render_written_tests
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
+from vllm_graphsafe.tree_edits.plan import render_written_tests
 
 
 def v1_phase_dispatch(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_graphsafe.backport.source import MissingSymbolError, SourceFile
+from vllm_graphsafe.tree_edits.source import MissingSymbolError, SourceFile
 
 
 @dataclass

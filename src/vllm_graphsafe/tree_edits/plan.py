@@ -4,7 +4,7 @@ A fix's ``backport.plan(tree)`` reads the tree (with the edits of the fixes
 before it), locates what it edits by parsing, and returns a :class:`Plan`: the
 new text of every file it changes, plus the CPU tests it writes beside the
 change. When something it must edit is missing it raises
-:class:`~vllm_graphsafe.backport.source.MissingSymbolError` naming it, before
+:class:`~vllm_graphsafe.tree_edits.source.MissingSymbolError` naming it, before
 anything is changed: a fix is applied whole or not at all.
 """
 
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.backport.source import (
+from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
     is_call_of,
 )
-from vllm_graphsafe.backport.tree import Tree
+from vllm_graphsafe.tree_edits.tree import Tree
 
 #: The header of every test file the backport writes (vLLM's own).
 WRITTEN_TEST_HEADER = """\

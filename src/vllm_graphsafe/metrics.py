@@ -36,6 +36,7 @@ from typing import Any
 
 from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.counts.records import read_records_leniently
+from vllm_graphsafe.fixes import decision_events
 from vllm_graphsafe.judging import PatchState
 
 DECISIONS = "graphsafe_dispatch_decisions"
@@ -43,8 +44,6 @@ DECISIONS = "graphsafe_dispatch_decisions"
 
 def decisions_help() -> str:
     """The decisions metric's help: every decision event the fixes declare."""
-    from vllm_graphsafe.fixes import decision_events
-
     return (
         "Dispatch decisions the vllm-graphsafe patches made, summed over vLLM's "
         f"engine-core and worker processes (decision: {', '.join(decision_events())})."

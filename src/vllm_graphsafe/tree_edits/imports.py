@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from vllm_graphsafe.backport.source import LineEdit, MissingSymbolError, SourceFile
+from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
 
 LINE_LENGTH = 88
 
