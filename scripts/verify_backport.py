@@ -40,13 +40,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
-from tests.support.fix_tests import plugin_form_only  # noqa: E402
-from vllm_graphsafe.backport.verify import (  # noqa: E402
+from tests.support.backport_checks import (  # noqa: E402
     copy_package,
     find_ruff,
     new_findings,
     ruff_findings,
 )
+from tests.support.fix_tests import plugin_form_only  # noqa: E402
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_graphsafe.backport.verify import copy_package
+from tests.support.backport_checks import copy_package
 
 REPO = Path(__file__).resolve().parents[1]
 

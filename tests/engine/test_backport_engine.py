@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.scripts import json_lines, run_python
-from vllm_graphsafe.backport.verify import copy_package
+from tests.support.backport_checks import copy_package
 from vllm_graphsafe.cli.main import main
 
 SCRIPT = Path(__file__).with_name("dispatch_steps.py")

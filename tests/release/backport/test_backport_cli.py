@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.backport_trees import REPO
+from tests.support.backport_checks import find_ruff, new_findings, ruff_findings
 from vllm_graphsafe.backport import FIX_IDS, detect
-from vllm_graphsafe.backport.verify import find_ruff, new_findings, ruff_findings
 from vllm_graphsafe.cli.main import main
 from vllm_graphsafe.judging import PatchState
 

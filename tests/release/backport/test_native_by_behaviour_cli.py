@@ -22,7 +22,7 @@ import pytest
 from tests.backport_trees import REPO
 from tests.release.classes.test_native_by_behaviour import release_root, tree_kind
 from tests.release.native_variants import ALL_VARIANTS, Variant
-from vllm_graphsafe.backport.verify import copy_package
+from tests.support.backport_checks import copy_package
 from vllm_graphsafe.cli.main import main
 
 

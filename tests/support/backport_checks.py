@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from vllm_graphsafe.backport.vllm_ruff import config_text
+from tests.support.vllm_ruff import config_text
 
 
 def copy_package(package: Path, tree_root: Path) -> Path:
