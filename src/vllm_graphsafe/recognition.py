@@ -10,25 +10,52 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import gc
 from collections.abc import Iterable, Iterator
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
+#: Each text's parse, while :func:`parses_kept` holds; None outside it.
+_kept_parses: dict[str, ast.Module | None] | None = None
+
+
+@contextlib.contextmanager
+def parses_kept() -> Iterator[None]:
+    """Within the block, a text is parsed once however often it is read.
+
+    For a command that reads the same files many times over (the backport
+    judges a tree as it is, as edited and with our edit taken out); never
+    around the plugin, where the parses would stay in vLLM's memory.
+    """
+    global _kept_parses
+    outer = _kept_parses
+    _kept_parses = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _kept_parses = outer
+
 
 def parse(text: str) -> ast.Module | None:
+    kept = _kept_parses
+    if kept is not None and text in kept:
+        return kept[text]
     # The tree's nodes are fresh objects that hold no cycle: with the collector
     # on, parsing the model runner in a process that holds vLLM and torch can
     # trigger full collections over every object there (up to a second).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return ast.parse(text)
+        tree: ast.Module | None = ast.parse(text)
     except (SyntaxError, ValueError):
-        return None
+        tree = None
     finally:
         if collecting:
             gc.enable()
+    if kept is not None:
+        kept[text] = tree
+    return tree
 
 
 def walk(node: ast.AST) -> Iterator[ast.AST]:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from vllm_graphsafe import recognition
+
 FORMAT = "vllm-graphsafe backport record 2"
 FORMAT_1 = "vllm-graphsafe backport record 1"
 #: Lines of upstream's text kept on each side of a hunk, as a hint.
@@ -207,26 +209,32 @@ def blob_id(text: str) -> str:
     ).hexdigest()
 
 
+#: The fields of a statement that hold statements (or handlers and match
+#: cases, which do): a def or class stands nowhere else.
+_BLOCKS = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
 def definitions(text: str) -> list[tuple[int, int, str]] | None:
     """(first line, last line, dotted name) of every function and class in
     ``text`` (1-based, decorators included); None where it does not parse."""
-    try:
-        module = ast.parse(text)
-    except (SyntaxError, ValueError):
+    module = recognition.parse(text)
+    if module is None:
         return None
     found: list[tuple[int, int, str]] = []
 
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
+    def visit(statements: list[ast.AST], prefix: str) -> None:
+        for child in statements:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = prefix + child.name
                 first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
                 found.append((first, child.end_lineno or child.lineno, name))
-                visit(child, name + ".")
-            else:
-                visit(child, prefix)
+                visit(list(child.body), name + ".")
+                continue
+            for block in child._fields:
+                if block in _BLOCKS:
+                    visit(getattr(child, block), prefix)
 
-    visit(module, "")
+    visit(list(module.body), "")
     return found
 
 

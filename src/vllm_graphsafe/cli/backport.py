@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from vllm_graphsafe import __version__, exit_statuses
+from vllm_graphsafe import __version__, exit_statuses, recognition
 
 EXIT_OK = exit_statuses.BACKPORT_OK
 EXIT_FIXES_NEEDED = exit_statuses.BACKPORT_FIXES_NEEDED
@@ -234,9 +234,10 @@ def run(args: argparse.Namespace) -> int:
     assert mode is not None
     root = Path(args.tree).expanduser()
     try:
-        if mode == "drop":
-            return _drop(args, root)
-        return _edit(args, mode, root)
+        with recognition.parses_kept():
+            if mode == "drop":
+                return _drop(args, root)
+            return _edit(args, mode, root)
     except NotAVllmTreeError as error:
         _say(f"{error}.")
         return EXIT_BAD_INPUT

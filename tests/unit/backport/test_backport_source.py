@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_graphsafe import recognition
 from vllm_graphsafe.backport.output import file_diff
 from vllm_graphsafe.tree_edits.imports import render_import, rewrite_import
 from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
@@ -105,3 +106,15 @@ def test_file_diffs_apply_with_git(tmp_path: Path, old: str | None) -> None:
 
     assert applied.returncode == 0, applied.stderr
     assert target.read_text() == new
+
+
+def test_a_backport_command_parses_each_text_once_and_keeps_nothing_after() -> None:
+    text = MODULE + "\n"  # a text of its own, parsed by no other test
+    assert recognition.parse(text) is not recognition.parse(text)
+    with recognition.parses_kept():
+        first = recognition.parse(text)
+        with recognition.parses_kept():
+            assert recognition.parse(text) is first
+        assert SourceFile.parse("m.py", text).tree is first
+        assert recognition.parse("def broken(:\n") is None
+    assert recognition.parse(text) is not first

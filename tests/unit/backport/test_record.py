@@ -12,7 +12,12 @@ import pytest
 from vllm_graphsafe.backport import without_ours
 from vllm_graphsafe.backport.git import Repository
 from vllm_graphsafe.backport.ours import Changed, Gone, reverse
-from vllm_graphsafe.backport.record import EditRecord, record_of, with_written_blobs
+from vllm_graphsafe.backport.record import (
+    EditRecord,
+    definitions,
+    record_of,
+    with_written_blobs,
+)
 
 UPSTREAM = "".join(f"line {i}\n" for i in range(40))
 
@@ -279,3 +284,59 @@ def test_without_the_file_as_written_the_hunks_are_taken_out_one_by_one(
     assert repository.blob(record.files["f.py"].written_blob or "") is None
     reversal = reverse(record, {"f.py": "x\n" + after}, repository)
     assert reversal.texts["f.py"] == "x\n" + UPSTREAM
+
+
+NESTED = """\
+import sys
+
+if sys.version_info >= (3, 10):
+
+    @decorated
+    def in_if():
+        def inner():
+            pass
+else:
+    def in_else():
+        pass
+
+try:
+    class InTry:
+        @property
+        def method(self):
+            return lambda: 0
+except ImportError:
+    def in_handler():
+        pass
+finally:
+    def in_finally():
+        pass
+
+with open(__file__) as handle:
+    async def in_with():
+        pass
+
+match sys.platform:
+    case "linux":
+        def in_case():
+            pass
+
+for _ in ():
+    def in_loop():
+        pass
+"""
+
+
+def test_every_def_and_class_is_found_in_whatever_block_holds_it() -> None:
+    assert sorted(definitions(NESTED) or []) == [
+        (5, 8, "in_if"),
+        (7, 8, "in_if.inner"),
+        (10, 11, "in_else"),
+        (14, 17, "InTry"),
+        (15, 17, "InTry.method"),
+        (19, 20, "in_handler"),
+        (22, 23, "in_finally"),
+        (26, 27, "in_with"),
+        (31, 32, "in_case"),
+        (35, 36, "in_loop"),
+    ]
+    assert definitions("def broken(:\n") is None
