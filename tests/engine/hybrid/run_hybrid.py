@@ -52,9 +52,10 @@ def draft_k_tokens_every_decode() -> None:
     and whether it does depends on the host's kernels (seen: an AVX2-only host
     whose answers never repeat, so no step was a genuine uniform decode).
     """
-    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+    from vllm_graphsafe import vllm_layout
 
-    propose = NgramProposer.propose
+    drafter = vllm_layout.load_name(vllm_layout.V1_NGRAM_PROPOSER, "NgramProposer")
+    propose = drafter.propose
 
     def propose_k(
         self: Any,
@@ -73,7 +74,7 @@ def draft_k_tokens_every_decode() -> None:
             for draft, sampled in zip(drafts, sampled_token_ids, strict=True)
         ]
 
-    NgramProposer.propose = propose_k
+    drafter.propose = propose_k
 
 
 def main(
