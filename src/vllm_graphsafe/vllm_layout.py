@@ -36,7 +36,7 @@ CUDA_GRAPH_WRAPPER_CLASS = "CUDAGraphWrapper"
 FORWARD_CONTEXT = "vllm.forward_context"
 DISTRIBUTED = "vllm.distributed"
 INPUTS = "vllm.inputs"
-#: The V1 engine's n-gram drafter (``NgramProposer``), up to 0.33.
+#: The V1 engine's n-gram drafter (``NgramProposer``): in 0.32, gone from 0.34.
 V1_NGRAM_PROPOSER = "vllm.v1.spec_decode.ngram_proposer"
 
 # --- Model Runner V2 (gpu/) ----------------------------------------------------
