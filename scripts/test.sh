@@ -36,28 +36,41 @@ if (( free_gb < need_gb )); then
     exit 1
 fi
 stamp "installing the tested releases (logs: $VENVS/*.install.log; ${free_gb} GB free, ~${need_gb} GB needed)"
+# The CPU builds first: the steps before the tests need them. The CUDA builds
+# then install while those steps run (each install keeps one core busy, so the
+# two cores have work throughout); the tests wait for every venv.
 venvs=()
-installing=0
-install_failed() { tail -n 30 "$VENVS"/*.install.log; exit 1; }
+cpu_builds=()
+cuda_builds=()
 for release in $RELEASES; do
-    dist=${release%%==*}
-    version=${release##*==}
     name=$(releases venv-name "$release")
     venvs+=("$VENVS/$name")
-    scripts/install-venv.sh "$dist" "$version" "$VENVS/$name" \
-        > "$VENVS/$name.install.log" 2>&1 &
-    installing=$((installing + 1))
-    # Two installs at a time (two cores); the next starts as soon as one ends.
-    if (( installing == 2 )); then
-        wait -n || install_failed
-        installing=$((installing - 1))
-    fi
+    case $name in cpu-*) cpu_builds+=("$release") ;; *) cuda_builds+=("$release") ;; esac
 done
-while (( installing > 0 )); do
-    wait -n || install_failed
-    installing=$((installing - 1))
-done
-stamp "installed: ${venvs[*]}"
+# Whatever ends this script stops what it started in the background.
+background=()
+stop_background() {
+    for pid in "${background[@]}"; do kill -- "-$pid" 2> /dev/null || kill "$pid" 2> /dev/null || true; done
+}
+trap stop_background EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+install_in_background() {
+    scripts/install-venvs.sh "$VENVS" "$@" &
+    installs=$!
+    background+=("$installs")
+}
+installs=
+if (( ${#cpu_builds[@]} )); then
+    install_in_background "${cpu_builds[@]}"
+    wait "$installs" || exit 1
+    stamp "installed: ${cpu_builds[*]}"
+    installs=
+fi
+if (( ${#cuda_builds[@]} )); then
+    install_in_background "${cuda_builds[@]}"
+    stamp "installing ${cuda_builds[*]} in the background"
+fi
 
 # The unit tier, as the README tells a newcomer to run it (a fresh virtual
 # environment, `pip install '.[test]'`, pytest), on the second core while
@@ -66,7 +79,7 @@ readme_log=$VENVS/readme-unit-tier.log
 stamp "unit tier as the README says (in the background; log: $readme_log)"
 scripts/readme_unit_tier.sh > "$readme_log" 2>&1 &
 readme_pid=$!
-trap 'kill "$readme_pid" 2>/dev/null || true' EXIT
+background+=("$readme_pid")
 
 stamp "pre-commit"
 # The tools venv: pre-commit, and the ruff that verify_backport.py runs with
@@ -79,7 +92,7 @@ fi
 
 stamp "wheel (built from a copy of the commit: committed files only)"
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"; kill "$readme_pid" 2>/dev/null || true' EXIT
+trap 'rm -rf "$scratch"; stop_background' EXIT
 mkdir -p "$scratch/src"
 git archive HEAD | tar -x -C "$scratch/src"
 "$VENVS/tools/bin/python" -m pip wheel -q --no-deps -w "$scratch/dist" "$scratch/src" 2>&1 | grep -v "^WARNING: Location" || true
@@ -128,6 +141,11 @@ PY
 stamp "benchmarks (quick mode, so that they cannot rot)"
 "${venvs[0]}/bin/python" bench/run.py --quick --out "$ROOT/.cache/bench-quick"
 
+if [[ -n $installs ]]; then
+    stamp "waiting for the installs of ${cuda_builds[*]}"
+    wait "$installs" || exit 1
+    stamp "installed: ${cuda_builds[*]}"
+fi
 stamp "tests"
 # Two releases at once (two cores): the newest CPU build first, with the full
 # engine suite (the longest); the others (the older CPU build with the engine

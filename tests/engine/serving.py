@@ -25,6 +25,19 @@ _CALLER_ONLY = (
 )
 
 
+@contextmanager
+def on_every_core() -> Iterator[None]:
+    """What starts inside runs on every CPU of the machine, whatever share this
+    test run was given (scripts/run_suite.py keeps each release's tests to one
+    core of two): a server with a rank per core needs them all."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 class Server(LocalServer):
     def complete(self, prompt: Any, max_tokens: int = 8) -> dict[str, Any]:
         body = {

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.engine.serving import on_every_core
 from tests.support import step_recorder as recorder
 from tests.support.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.counts import read_process_files
@@ -148,18 +149,19 @@ def serve_data_parallel(
     model_dir: Path, workdir: Path, plugin: bool
 ) -> DataParallelRun:
     started = time.monotonic()
-    server = local.start_server(
-        model_dir,
-        env=server_env(workdir, plugin),
-        log_path=workdir / "server.log",
-        num_speculative_tokens=SPEC_TOKENS,
-        extra_args=[
-            "--data-parallel-size",
-            "2",
-            "--worker-extension-cls",
-            WORKER_EXTENSION,
-        ],
-    )
+    with on_every_core():
+        server = local.start_server(
+            model_dir,
+            env=server_env(workdir, plugin),
+            log_path=workdir / "server.log",
+            num_speculative_tokens=SPEC_TOKENS,
+            extra_args=[
+                "--data-parallel-size",
+                "2",
+                "--worker-extension-cls",
+                WORKER_EXTENSION,
+            ],
+        )
     step_dir = workdir / "steps"
     try:
         try:

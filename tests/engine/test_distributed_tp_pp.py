@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from tests.engine.serving import on_every_core
 from tests.support import step_recorder as recorder
 from tests.support.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.counts import ROLE_WORKER, read_process_files
@@ -81,13 +82,14 @@ def serve_parallel(
         **TWO_CORE_BINDING,
     }
     started = time.monotonic()
-    server = local.start_server(
-        model_dir,
-        env=local.server_environment(overrides, drop=CALLER_ONLY),
-        log_path=workdir / "server.log",
-        num_speculative_tokens=SPEC_TOKENS,
-        extra_args=[*parallel_args, "--worker-extension-cls", WORKER_EXTENSION],
-    )
+    with on_every_core():
+        server = local.start_server(
+            model_dir,
+            env=local.server_environment(overrides, drop=CALLER_ONLY),
+            log_path=workdir / "server.log",
+            num_speculative_tokens=SPEC_TOKENS,
+            extra_args=[*parallel_args, "--worker-extension-cls", WORKER_EXTENSION],
+        )
     try:
         try:
             server.wait_until_healthy(STARTUP_TIMEOUT_S)

