@@ -34,32 +34,36 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _links(references: Sequence[str]) -> str:
-    return ", ".join(references)
+def _verified_on(fix: Fix) -> str:
+    return ", ".join(verified_releases(fix.id)) or "none yet"
 
 
-def render_patches_markdown(patches: Sequence[Fix] | None = None) -> str:
-    patches = all_fixes() if patches is None else patches
+def _wrapped(value: str, first: str, rest: str) -> list[str]:
+    """``value`` without backticks, wrapped to 88 columns after ``first``."""
+    return textwrap.wrap(
+        value.replace("`", ""),
+        width=88,
+        break_on_hyphens=False,
+        initial_indent=first,
+        subsequent_indent=rest,
+    )
+
+
+def render_patches_markdown() -> str:
     lines = [
         "| id | fixes | binds to | upstream | delete when | verified on |",
         "|---|---|---|---|---|---|",
     ]
-    for patch in patches:
-        lines.append(
-            "| "
-            + " | ".join(
-                _cell(cell)
-                for cell in (
-                    f"`{patch.id}`",
-                    f"**{patch.title}.** {patch.what}",
-                    patch.binds_to,
-                    _links(patch.upstream),
-                    patch.delete_when,
-                    ", ".join(verified_releases(patch.id)) or "none yet",
-                )
-            )
-            + " |"
+    for patch in all_fixes():
+        cells = (
+            f"`{patch.id}`",
+            f"**{patch.title}.** {patch.what}",
+            patch.binds_to,
+            ", ".join(patch.upstream),
+            patch.delete_when,
+            _verified_on(patch),
         )
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
 
@@ -70,52 +74,36 @@ def what_ci_runs(row: ReleaseRow) -> str:
     return "class-level tests, negative controls, engine tests"
 
 
-#: How the sweep records "every negative control failed its tests without the fix".
-_ALL_CONTROLS_FAILED = "all failed"
-
-
-def _said(key: str, value: object) -> str:
-    if key == "negative_controls" and value == _ALL_CONTROLS_FAILED:
-        return "each fails its tests without its fix"
-    return str(value)
-
-
 def what_the_sweep_ran(row: ReleaseRow) -> str:
     if not row.raw.get("installed", True):
         return f"not installed: {row.raw.get('why_not', '')}"
-    parts = [
-        f"{label}: {_said(key, row.raw[key])}"
-        for label, key in (
-            ("class tests", "class_tests"),
-            ("negative controls", "negative_controls"),
-            ("engine", "engine"),
-        )
-        if row.raw.get(key)
-    ]
+    parts = []
+    for label, key in (
+        ("class tests", "class_tests"),
+        ("negative controls", "negative_controls"),
+        ("engine", "engine"),
+    ):
+        value = row.raw.get(key)
+        # How the sweep records "every negative control failed its tests
+        # without the fix".
+        if key == "negative_controls" and value == "all failed":
+            value = "each fails its tests without its fix"
+        if value:
+            parts.append(f"{label}: {value}")
     if row.raw.get("why_not"):
         parts.append(f"why this build: {row.raw['why_not']}")
     return "; ".join(parts)
 
 
-def _release_label(row: ReleaseRow) -> str:
-    build = " (CUDA build)" if row.distribution == "vllm" else ""
-    return f"`{row.distribution}` {row.version}{build}"
-
-
-def render_support_markdown(
-    patches: Sequence[Fix] | None = None,
-    rows: Sequence[ReleaseRow] | None = None,
-) -> str:
+def render_support_markdown() -> str:
     """One row per release in the release table: CI's rows are re-verified on
     every CI run (the backport too); the others say what the sweep ran, when."""
-    patches = all_fixes() if patches is None else patches
-    rows = list(release_table()) if rows is None else rows
-    ids = [patch.id for patch in patches]
+    ids = [patch.id for patch in all_fixes()]
     lines = [
         "| vLLM release | verified | what ran | " + " | ".join(ids) + " | backport |",
         "|---|---|---|" + "---|" * len(ids) + "---|",
     ]
-    for row in rows:
+    for row in release_table():
         states = [row.patches.get(patch_id, "not recorded") for patch_id in ids]
         if row.ci:
             verified, ran = "every CI run", what_ci_runs(row)
@@ -124,42 +112,32 @@ def render_support_markdown(
             verified = f"release sweep {row.raw.get('date', '')}".strip()
             ran = what_the_sweep_ran(row)
             backport = str(row.raw.get("backport", "not run"))
-        cells = (_release_label(row), verified, ran, *states, backport)
+        build = " (CUDA build)" if row.distribution == "vllm" else ""
+        release = f"`{row.distribution}` {row.version}{build}"
+        cells = (release, verified, ran, *states, backport)
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
-def render_markdown() -> str:
-    return render_patches_markdown() + "\n\n" + render_support_markdown()
-
-
-def render_text(patches: Sequence[Fix] | None = None, width: int = 88) -> str:
+def render_text() -> str:
     """The catalogue for a terminal (``doctor --catalogue``)."""
-    patches = all_fixes() if patches is None else patches
     blocks = []
-    for patch in patches:
-        fields = [
+    for patch in all_fixes():
+        lines = [f"{patch.id}: {patch.title}"]
+        for label, value in (
             ("what", patch.what),
             ("why", patch.why),
             ("binds to", patch.binds_to),
-            ("upstream", _links(patch.upstream)),
+            ("upstream", ", ".join(patch.upstream)),
             ("delete when", patch.delete_when),
-            ("verified on", ", ".join(verified_releases(patch.id)) or "none yet"),
-        ]
-        lines = [f"{patch.id}: {patch.title}"]
-        for label, value in fields:
-            lines += textwrap.wrap(
-                value.replace("`", ""),
-                width=width,
-                break_on_hyphens=False,
-                initial_indent=f"  {label + ':':<13}",
-                subsequent_indent=" " * 15,
-            )
+            ("verified on", _verified_on(patch)),
+        ):
+            lines += _wrapped(value, f"  {label + ':':<13}", " " * 15)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
-def render_hooks_header(fix: Fix, width: int = 88) -> str:
+def render_hooks_header(fix: Fix) -> str:
     """The fix's facts as the comment block heading its hooks module: what it
     changes, why, the upstream references, when it is removed."""
     lines = [f"# {fix.id}: {fix.title}."]
@@ -167,16 +145,10 @@ def render_hooks_header(fix: Fix, width: int = 88) -> str:
         ("What", fix.what),
         ("Why", fix.why),
         ("Binds to", fix.binds_to),
-        ("Upstream", _links(fix.upstream) or "none"),
+        ("Upstream", ", ".join(fix.upstream) or "none"),
         ("Delete when", fix.delete_when),
     ):
-        lines += textwrap.wrap(
-            value.replace("`", ""),
-            width=width,
-            break_on_hyphens=False,
-            initial_indent=f"# {label}: ",
-            subsequent_indent="#   ",
-        )
+        lines += _wrapped(value, f"# {label}: ", "#   ")
     lines += [
         "# (made from the facts in this folder's __init__.py by",
         "# `python -m vllm_graphsafe.catalogue --write`: edit those, not this)",
@@ -241,37 +213,6 @@ def replace_block(text: str, name: str, content: str) -> str:
     return text[:start] + content + "\n" + text[end:]
 
 
-def _blocks_in(
-    text: str, generated: dict[str, Callable[[], str]]
-) -> dict[str, Callable[[], str]]:
-    """The blocks ``text`` holds; a document holding none of them is bad input."""
-    held = {n: render for n, render in generated.items() if holds_block(text, n)}
-    if not held:
-        _span(text, next(iter(generated)))
-    return held
-
-
-def with_blocks(
-    text: str, generated: dict[str, Callable[[], str]] | None = None
-) -> str:
-    """``text`` with every generated block it holds rewritten from the data."""
-    for name, render in _blocks_in(text, generated or blocks()).items():
-        text = replace_block(text, name, render())
-    return text
-
-
-def stale_blocks(
-    text: str, generated: dict[str, Callable[[], str]] | None = None
-) -> list[str]:
-    """Names of the blocks ``text`` holds whose content differs from the data's."""
-    stale = []
-    for name, render in _blocks_in(text, generated or blocks()).items():
-        start, end = _span(text, name)
-        if text[start:end].strip() != render().strip():
-            stale.append(name)
-    return stale
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vllm_graphsafe.catalogue",
@@ -287,7 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     action.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.check is None and args.write is None:
-        print(render_markdown() if args.markdown else render_text())
+        if args.markdown:
+            print(render_patches_markdown() + "\n\n" + render_support_markdown())
+        else:
+            print(render_text())
         return EXIT_OK
     documents: list[Path] = args.check or args.write or hooks_modules()
     status = EXIT_OK
@@ -299,10 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check_or_write(path: Path, write: bool) -> int:
     try:
         text = path.read_text(encoding="utf-8")
+        generated = blocks()
+        held = {n: render for n, render in generated.items() if holds_block(text, n)}
+        if not held:  # a document holding none of the blocks is bad input
+            _span(text, next(iter(generated)))
         if write:
-            path.write_text(with_blocks(text), encoding="utf-8")
+            for name, render in held.items():
+                text = replace_block(text, name, render())
+            path.write_text(text, encoding="utf-8")
             return EXIT_OK
-        stale = stale_blocks(text)
+        stale = []
+        for name, render in held.items():
+            start, end = _span(text, name)
+            if text[start:end].strip() != render().strip():
+                stale.append(name)
     except (OSError, MarkerError) as error:
         print(f"{path}: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

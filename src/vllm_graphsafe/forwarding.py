@@ -20,6 +20,8 @@ import linecache
 from collections.abc import Callable
 from typing import Any
 
+from vllm_graphsafe.hook_points import OnFailure
+
 _PREFIX = "_graphsafe_"
 _FORWARDABLE = (
     inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -28,7 +30,6 @@ _FORWARDABLE = (
 
 Publish = Callable[[tuple[Any, ...]], Any]
 Withdraw = Callable[[Any], Any]
-OnFailure = Callable[[BaseException, str], None]
 
 _SERIAL = itertools.count()
 

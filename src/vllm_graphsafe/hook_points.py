@@ -57,6 +57,7 @@ def unhooked(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__module__": cls.__module__, **originals})
 
 
+@dataclass(frozen=True)
 class _Located:
     module: str
     qualname: str
@@ -70,8 +71,6 @@ class _Located:
 class WrapHook(_Located):
     """``qualname`` in ``module`` wrapped by a wrapt ``FunctionWrapper``."""
 
-    module: str
-    qualname: str
     wrapper: Wrapper
 
     def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
@@ -89,8 +88,6 @@ class ReplaceHook(_Located):
     subclass inherits its base's, for instance).
     """
 
-    module: str
-    qualname: str
     factory: Factory
 
     def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:

@@ -8,7 +8,7 @@ of the source (not applicable where the code the fix is about is absent); the
 verdict it returns is all the hooks are given.
 
 :class:`SetsAttribute` and :class:`TakesParameters` (and any
-:class:`SourceCheck`) name what a hook reads, checked in the source here
+:class:`Requirement`) name what a hook reads, checked in the source here
 before anything binds.
 """
 
@@ -109,16 +109,7 @@ class Verdict(NamedTuple):
     @classmethod
     def from_json(cls, data: Any) -> Verdict | None:
         """The verdict in ``data``, or None where any field is not as written."""
-        fields = {
-            "anchor_exists",
-            "native",
-            "missing",
-            "evidence",
-            "points",
-            "layout",
-            "absent",
-        }
-        if not isinstance(data, dict) or set(data) != fields:
+        if not isinstance(data, dict) or set(data) != set(cls._fields):
             return None
         evidence = None
         if data["evidence"] is not None:
@@ -131,11 +122,9 @@ class Verdict(NamedTuple):
         texts = (data["native"], data["missing"])
         if not all(text is None or isinstance(text, str) for text in texts):
             return None
-        if not isinstance(data["anchor_exists"], bool) or not isinstance(
-            data["layout"], dict
-        ):
+        if not isinstance(data["anchor_exists"], bool):
             return None
-        if not isinstance(data["absent"], str):
+        if not isinstance(data["layout"], dict) or not isinstance(data["absent"], str):
             return None
         return cls(
             data["anchor_exists"],
@@ -199,23 +188,14 @@ class TakesParameters(NamedTuple):
         return None
 
 
-class SourceCheck(Protocol):
-    """Any other thing a hook reads, checked in source: one sentence naming
-    what is missing, or None."""
+class Requirement(Protocol):
+    """What a hook reads (:class:`SetsAttribute`, :class:`TakesParameters` or
+    any other), checked in source: one sentence naming what is missing, or None."""
 
     def missing(self, sources: SourceReader) -> str | None: ...
 
 
-Requirement = SetsAttribute | TakesParameters | SourceCheck
 Layout = Mapping[str, Any]
-
-
-def _no_layout(sources: SourceReader) -> dict[str, Any]:
-    return {}
-
-
-def _no_reads(layout: Layout) -> list[Requirement]:
-    return []
 
 
 class FixJudge(NamedTuple):
@@ -233,9 +213,9 @@ class FixJudge(NamedTuple):
     #: Where the hooks bind, given the layout.
     points: Callable[[Layout], list[Point]]
     #: What the hooks need to know of this vLLM's layout (JSON values).
-    layout: Callable[[SourceReader], dict[str, Any]] = _no_layout
+    layout: Callable[[SourceReader], dict[str, Any]] = lambda sources: {}
     #: What the hooks read of vLLM's objects, given the layout.
-    reads: Callable[[Layout], list[Requirement]] = _no_reads
+    reads: Callable[[Layout], list[Requirement]] = lambda layout: []
     #: The cases run on the imported vLLM's own classes (without this
     #: package's hooks); None where the fix has none.
     live: Callable[[], Evidence | None] | None = None

@@ -1,22 +1,10 @@
 """The plugin's decisions and patch states on vLLM's own ``/metrics``.
 
-The decisions are made in the engine-core and worker processes; ``/metrics``
-is served by the API server process. The API server creates a private
-directory (mode 0700, unpredictable name) before vLLM starts its engine
-processes, which inherit it (the plugin hands it on, see
-:mod:`vllm_graphsafe.plugin`); every process leaves its record there, and a
-collector registered on prometheus_client's default registry, the one vLLM
-serves, sums the records at scrape time. Nothing is read on the step path.
-
-Where ``/metrics`` is served from a multi-process registry instead
-(``--api-server-count`` above 1), it holds one prometheus_client
-``MultiProcessCollector`` (prometheus-fastapi-instrumentator builds one per
-scrape; vLLM's ``get_prometheus_registry`` one per call), not the default
-registry. There the plugin wraps that class's ``collect`` so it also yields the
-plugin's families, read from the directory. One process answers each scrape
-and reads every record once: nothing is counted twice. Should anything in the
-hook fail, vLLM's own metrics are served as before, without the plugin's, after
-one warning.
+How the records reach the API server's ``/metrics``, with one API server or
+several, is in docs/architecture.md ("How the counts reach /metrics"). Nothing
+is read on the step path: the records are summed at scrape time. Should
+anything in the multi-process hook fail, vLLM's own metrics are served as
+before, without the plugin's, after one warning.
 """
 
 from __future__ import annotations
@@ -201,16 +189,14 @@ def metric_families(records: list[dict[str, Any]]) -> list[Any]:
     ranks = resolved_dp_ranks(records)
     by_rank = len({rank for rank in ranks.values() if rank is not None}) > 1
     extra = ["dp_rank"] if by_rank else []
-
-    def rank_label(record: dict[str, Any]) -> tuple[str, ...]:
-        rank = ranks.get(record["pid"])
-        return (str(rank) if rank is not None else "",) if by_rank else ()
-
     decisions: dict[tuple[str, ...], int] = defaultdict(int)
     states: dict[tuple[str, ...], int] = defaultdict(int)
     patches_by_rank: set[tuple[str, ...]] = set()
     for record in records:
-        rank = rank_label(record)
+        rank: tuple[str, ...] = ()
+        if by_rank:
+            dp_rank = ranks[record["pid"]]
+            rank = ("" if dp_rank is None else str(dp_rank),)
         for patch, events in record.get("counts", {}).items():
             for event, value in events.items():
                 decision_key = (patch, event, *rank)
@@ -227,9 +213,8 @@ def metric_families(records: list[dict[str, Any]]) -> list[Any]:
     state_family = GaugeMetricFamily(
         PATCH_STATE, PATCH_STATE_HELP, labels=["patch", "state", *extra]
     )
-    for patch_and_rank in sorted(patches_by_rank):
-        patch, rank = patch_and_rank[0], patch_and_rank[1:]
+    for patch, *label in sorted(patches_by_rank):
         for state in PatchState:
-            value = states.get((patch, state.value, *rank), 0)
-            state_family.add_metric([patch, state.value, *rank], value)
+            value = states.get((patch, state.value, *label), 0)
+            state_family.add_metric([patch, state.value, *label], value)
     return [decision_family, state_family]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from vllm_graphsafe import counts, metrics, vllm_layout
@@ -133,9 +132,12 @@ def configure_counts(settings: Settings | None = None) -> None:
     metrics_dir = prepare_metrics_directory(settings)
     if metrics_dir is not None:
         directories.append(metrics_dir)
-    counts.STATS.on_write_error = _report_write_error(
-        metrics_dir if speaks else None, speaks
-    )
+
+    def report_write_error(directory: Path, error: OSError) -> None:
+        if speaks and directory != metrics_dir:
+            _warn_unwritable(directory, error)
+
+    counts.STATS.on_write_error = report_write_error
     counts.STATS.configure(*directories)
 
 
@@ -187,16 +189,6 @@ def _warn_unwritable(directory: Path, error: OSError) -> None:
         directory,
         reason,
     )
-
-
-def _report_write_error(
-    metrics_dir: Path | None, speaks: bool
-) -> Callable[[Path, OSError], None]:
-    def report(directory: Path, error: OSError) -> None:
-        if speaks and directory != metrics_dir:
-            _warn_unwritable(directory, error)
-
-    return report
 
 
 def _vllm_logger() -> logging.Logger:

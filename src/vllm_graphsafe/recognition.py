@@ -77,7 +77,8 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
         yield node
 
 
-def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+def find_class(tree: ast.Module | ast.ClassDef, name: str) -> ast.ClassDef | None:
+    """The ``class`` named ``name`` in ``tree``'s body (the first one)."""
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return node
@@ -87,15 +88,12 @@ def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
 def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
     """The ``def`` of ``qualname`` (``Class.method`` or a module-level name)."""
     *owners, leaf = qualname.split(".")
-    body: list[ast.stmt] = tree.body
+    scope: ast.Module | ast.ClassDef | None = tree
     for owner in owners:
-        found = next(
-            (n for n in body if isinstance(n, ast.ClassDef) and n.name == owner), None
-        )
-        if found is None:
-            return None
-        body = found.body
-    for node in body:
+        scope = None if scope is None else find_class(scope, owner)
+    if scope is None:
+        return None
+    for node in scope.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
             node.name == leaf
         ):
@@ -142,15 +140,12 @@ def _names_bound(node: ast.stmt) -> Iterator[str]:
     elif isinstance(node, ast.Import | ast.ImportFrom):
         for alias in node.names:
             yield alias.asname or alias.name.split(".")[0]
-    elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in _flatten(targets):
-            if isinstance(target, ast.Name):
-                yield target.id
-    elif isinstance(node, ast.For | ast.AsyncFor):
-        for target in _flatten([node.target]):
-            if isinstance(target, ast.Name):
-                yield target.id
+    else:
+        if isinstance(node, ast.For | ast.AsyncFor):
+            targets = list(_flatten([node.target]))
+        else:
+            targets = _assigned(node)
+        yield from (target.id for target in targets if isinstance(target, ast.Name))
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -169,6 +164,15 @@ def parameter_names(function: FunctionNode) -> list[str]:
             *arguments.kwonlyargs,
         )
     ]
+
+
+def assigned_names(function: FunctionNode) -> set[str]:
+    """The names a function binds: its parameters and what it assigns."""
+    names = set(parameter_names(function))
+    for node in walk(function):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
 
 
 def called_name(call: ast.Call) -> str | None:
@@ -240,21 +244,23 @@ def class_statement_binds(node: ast.stmt, attribute: str) -> bool:
 
 def assigns_self_attribute(node: ast.AST, attribute: str) -> bool:
     """Whether code inside ``node`` assigns to ``self.<attribute>``."""
-    for child in walk(node):
-        targets: list[ast.expr] = []
-        if isinstance(child, ast.Assign):
-            targets = list(child.targets)
-        elif isinstance(child, ast.AnnAssign | ast.AugAssign):
-            targets = [child.target]
-        for target in _flatten(targets):
-            if (
-                isinstance(target, ast.Attribute)
-                and target.attr == attribute
-                and isinstance(target.value, ast.Name)
-                and target.value.id == "self"
-            ):
-                return True
-    return False
+    return any(
+        isinstance(target, ast.Attribute)
+        and target.attr == attribute
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+        for child in walk(node)
+        for target in _assigned(child)
+    )
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    """What ``node`` assigns to, tuples unpacked (nothing: no assignment)."""
+    if isinstance(node, ast.Assign):
+        return list(_flatten(node.targets))
+    if isinstance(node, ast.AnnAssign | ast.AugAssign):
+        return [node.target]
+    return []
 
 
 def _flatten(targets: Iterable[ast.expr]) -> Iterator[ast.expr]:
@@ -300,12 +306,8 @@ def _chain_names(node: ast.expr) -> set[str]:
 def stores_into_subscript_of(function: ast.AST, name: str) -> bool:
     """Assigns to ``...name...[i]`` or calls ``...name...[i].copy_(...)``."""
     for node in walk(function):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(_flatten(node.targets))
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
-        elif (
+        targets = _assigned(node)
+        if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "copy_"

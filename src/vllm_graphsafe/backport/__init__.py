@@ -1,23 +1,11 @@
 """The plugin's fixes as in-place edits to a vLLM source tree, for maintainers.
 
-For each fix, :func:`backport` says where the tree stands:
-
-* ``needed``: the bug is there and no fix (the edit is planned, or, where the
-  tree lacks what it edits, ``cannot bind``);
-* ``ours``: our edit is in, as written (its record says so, region by region);
-* ``ours, changed``: our edit is in, but a merge or a person changed our own
-  lines (each hunk that differs is shown);
-* ``native``: the tree has the fix, none of ours;
-* ``both``: our edit is in beside a fix of the tree's own: drop ours;
-* ``target gone``: the tree no longer has the file, or the function, our edit
-  was in (a merge removed it, and our lines with it): what is left of ours
-  (the written tests, the record, any other hunk) can go.
-
-Native is judged by the fix's cases run on the tree's code
-(:mod:`vllm_graphsafe.behaviour`); ours is told by the record the edit keeps
-beside its tests (:mod:`.record`), found by our own lines (:mod:`.ours`), and
-``both`` by judging the tree with our edit taken out. :func:`drop` takes our
-edits out exactly.
+For each fix, :func:`backport` says where the tree stands (:class:`Status`;
+each state is explained in docs/carrying-in-a-fork.md). Native is judged by
+the fix's cases run on the tree's code (:mod:`vllm_graphsafe.behaviour`); ours
+is told by the record the edit keeps beside its tests (:mod:`.record`), found
+by our own lines (:mod:`.ours`), and ``both`` by judging the tree with our
+edit taken out. :func:`drop` takes our edits out exactly.
 Nothing is written here; :mod:`.output` renders diffs, patch files and writes.
 """
 
@@ -44,9 +32,9 @@ from vllm_graphsafe.backport.record import (
 from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.judging import PatchState, Verdict, judge
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.tree_edits.plan import Plan, written_test_path
+from vllm_graphsafe.tree_edits.plan import Plan
 from vllm_graphsafe.tree_edits.source import MissingSymbolError
-from vllm_graphsafe.tree_edits.tree import Tree
+from vllm_graphsafe.tree_edits.tree import Tree, module_path, read_exact
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())
@@ -65,10 +53,6 @@ class Status(str, enum.Enum):
     CANNOT_BIND = "cannot bind"
     #: Our edit's place (its file, or the function it was in) is gone.
     TARGET_GONE = "target gone"
-
-
-#: States with nothing to do.
-SETTLED = frozenset({Status.OURS, Status.NATIVE, Status.NOT_APPLICABLE})
 
 
 @dataclass
@@ -146,7 +130,7 @@ class OverlaySourceReader(SourceReader):
         self._edited = edited
 
     def text(self, module: str) -> str | None:
-        relpath = "/".join(module.split(".")) + ".py"
+        relpath = module_path(module)
         if relpath in self._edited:
             return self._edited[relpath]
         return super().text(module)
@@ -166,23 +150,19 @@ class Judged(NamedTuple):
         return None if self.evidence is None else self.evidence.finding()
 
 
-def _sources(root: Path, edited: dict[str, str] | None) -> SourceReader:
-    return SourceReader(root=root) if not edited else OverlaySourceReader(root, edited)
-
-
 def _judged(verdict: Verdict) -> Judged:
     return Judged(verdict, *verdict.settle(), verdict.evidence)
 
 
 def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Judged]:
     """Each fix judged on the tree, or as if ``edited`` were written."""
-    sources = _sources(root, edited)
+    sources = OverlaySourceReader(root, edited or {})
     return {fix.id: _judged(judge(fix, sources)) for fix in fixes.all_fixes()}
 
 
 def judge_one(root: Path, fix_id: str, edited: dict[str, str] | None = None) -> Judged:
     """One fix judged on the tree (as if ``edited`` were written)."""
-    return _judged(judge(fixes.get(fix_id), _sources(root, edited)))
+    return _judged(judge(fixes.get(fix_id), OverlaySourceReader(root, edited or {})))
 
 
 def planner(fix_id: str) -> ModuleType:
@@ -190,57 +170,40 @@ def planner(fix_id: str) -> ModuleType:
     return importlib.import_module(f"{fixes.get(fix_id).package}.backport")
 
 
-def check_tree(root: Path) -> None:
-    if not (root / "vllm" / "__init__.py").is_file():
-        raise NotAVllmTreeError(
-            f"{root} does not hold a vllm/ package (no {root / 'vllm' / '__init__.py'})"
-        )
-
-
-def conflicted_files(root: Path, relpaths: Iterable[str]) -> list[str]:
-    """The files among ``relpaths`` holding git's conflict markers."""
-    found = []
-    for relpath in sorted(set(relpaths)):
-        text = Tree(root).original(relpath)
-        if text is not None and any(
-            line.startswith(CONFLICT_MARKERS) for line in text.splitlines()
-        ):
-            found.append(relpath)
-    return found
-
-
-def _files_to_scan(root: Path) -> list[str]:
-    """The source files the fixes read or edit, and the files our edits wrote."""
+def conflicted_files(root: Path) -> list[str]:
+    """The source files the fixes read or edit, and the files our edits wrote,
+    that hold git's conflict markers."""
     scanned = [
-        str(path.relative_to(root))
-        for path in (root / "vllm" / "v1" / "worker").rglob("*.py")
+        *(root / "vllm" / "v1" / "worker").rglob("*.py"),
+        *(root / "tests" / "v1" / "worker").glob("*graphsafe_backport_*"),
     ]
-    scanned += [
-        str(path.relative_to(root))
-        for path in (root / "tests" / "v1" / "worker").glob("*graphsafe_backport_*")
+    return [
+        relpath
+        for relpath in sorted({str(path.relative_to(root)) for path in scanned})
+        if any(
+            line.startswith(CONFLICT_MARKERS)
+            for line in (read_exact(root / relpath) or "").splitlines()
+        )
     ]
-    return scanned
 
 
 def read_record(root: Path, fix_id: str) -> EditRecord | None:
-    text = Tree(root).original(record_path(fix_id))
+    text = read_exact(root / record_path(fix_id))
     if text is None:
         return None
     record = EditRecord.from_text(text)
     return record if record is not None and record.fix_id == fix_id else None
 
 
-def _current(root: Path, relpaths: Iterable[str]) -> dict[str, str | None]:
-    tree = Tree(root)
-    return {relpath: tree.original(relpath) for relpath in relpaths}
-
-
 def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
     """Where the tree at ``root`` stands for each requested fix (all by
     default), and the edit of each fix it needs. Raises ``ConflictError``
     where files it reads hold unresolved merge conflicts."""
-    check_tree(root)
-    conflicts = conflicted_files(root, _files_to_scan(root))
+    if not (root / "vllm" / "__init__.py").is_file():
+        raise NotAVllmTreeError(
+            f"{root} does not hold a vllm/ package (no {root / 'vllm' / '__init__.py'})"
+        )
+    conflicts = conflicted_files(root)
     if conflicts:
         raise ConflictError(conflicts)
     wanted = [fix for fix in fixes.fix_ids() if fix_ids is None or fix in fix_ids]
@@ -338,7 +301,7 @@ def _carried(
     """A fix whose edit the tree carries: as written, changed, beside native,
     or with its place gone."""
     later = _later(fix_id, records)
-    current = _current(root, _files_of([record, *later]))
+    current = {p: read_exact(root / p) for p in _files_of([record, *later])}
     reversal, _ = without_ours(record, later, current)
     changed = reversal.changed + [
         Changed(relpath, f"{relpath} is gone or no longer as written\n")
@@ -411,15 +374,11 @@ def _plan_one(tree: Tree, fix_id: str) -> Outcome:
         )
     for relpath, text in plan.texts.items():
         plan.texts[relpath] = keep_line_endings(tree.current(relpath), text)
-    before = {path: tree.current(path) for path in [*plan.texts, *plan.tests]}
-    record = record_of(
-        fix_id, {p: tree.current(p) for p in plan.texts}, plan.texts, plan.tests
-    )
-    record.directories = _directories_to_create(
-        tree, [*plan.tests, record_path(fix_id)]
-    )
+    written = [*plan.tests, record_path(fix_id)]
+    before = {path: tree.current(path) for path in [*plan.texts, *written]}
+    record = record_of(fix_id, before, plan.texts, plan.tests)
+    record.directories = _directories_to_create(tree, written)
     plan.tests[record_path(fix_id)] = record.to_text()
-    before[record_path(fix_id)] = tree.current(record_path(fix_id))
     tree.edited.update(plan.texts)
     tree.edited.update(plan.tests)
     return Outcome(fix_id, Status.NEEDED, plan.layout, plan, before, record=record)
@@ -489,7 +448,7 @@ def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> D
             continue
         later = _later(record.fix_id, records)
         files = _files_of([record, *later])
-        current = {p: texts[p] if p in texts else Tree(root).original(p) for p in files}
+        current = {p: texts[p] if p in texts else read_exact(root / p) for p in files}
         reversal, entangled = without_ours(record, later, current, repository)
         if entangled:
             dropping.entangled.append(
@@ -513,25 +472,3 @@ def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> D
         ]
     dropping.changes = texts
     return dropping
-
-
-__all__ = [
-    "CONFLICT_MARKERS",
-    "FIX_IDS",
-    "SETTLED",
-    "Backport",
-    "ConflictError",
-    "Dropping",
-    "Gone",
-    "NotAVllmTreeError",
-    "Outcome",
-    "OverlaySourceReader",
-    "Status",
-    "backport",
-    "check_tree",
-    "detect",
-    "drop",
-    "judge_one",
-    "without_ours",
-    "written_test_path",
-]

@@ -7,33 +7,36 @@ import difflib
 import email.utils
 import os
 import stat
+import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from vllm_graphsafe import fixes
 from vllm_graphsafe.backport import Backport, Outcome
 from vllm_graphsafe.tree_edits.plan import written_test_path
+from vllm_graphsafe.tree_edits.tree import read_exact
 
 AUTHOR = "vllm-graphsafe backport <backport@vllm-graphsafe.invalid>"
 _NO_NEWLINE = "\\ No newline at end of file\n"
 
 
-def file_diff(relpath: str, old: str | None, new: str) -> str:
-    """A git-style unified diff of one file, with ``a/`` and ``b/`` paths."""
-    old_lines = [] if old is None else old.splitlines(keepends=True)
-    new_lines = new.splitlines(keepends=True)
+def file_diff(relpath: str, old: str | None, new: str | None) -> str:
+    """A git-style unified diff of one file, with ``a/`` and ``b/`` paths
+    (``old`` None: a new file; ``new`` None: a deleted one)."""
     header = f"diff --git a/{relpath} b/{relpath}\n"
-    if old is None:
+    if new is None:
+        header += "deleted file mode 100644\n"
+    elif old is None:
         header += "new file mode 100644\n"
     lines = list(
         difflib.unified_diff(
-            old_lines,
-            new_lines,
-            fromfile="/dev/null" if old is None else f"a/{relpath}",
-            tofile=f"b/{relpath}",
+            (old or "").splitlines(keepends=True),
+            (new or "").splitlines(keepends=True),
+            fromfile="/dev/null" if old is None and new is not None else f"a/{relpath}",
+            tofile="/dev/null" if new is None else f"b/{relpath}",
         )
     )
-    if not lines:
+    if not lines and new is not None:
         return ""
     body = "".join(
         line if line.endswith("\n") else line + "\n" + _NO_NEWLINE for line in lines
@@ -41,7 +44,7 @@ def file_diff(relpath: str, old: str | None, new: str) -> str:
     return header + body
 
 
-def tree_diff(before: Mapping[str, str | None], after: Mapping[str, str]) -> str:
+def tree_diff(before: Mapping[str, str | None], after: Mapping[str, str | None]) -> str:
     return "".join(
         file_diff(relpath, before.get(relpath), after[relpath])
         for relpath in sorted(after)
@@ -50,12 +53,8 @@ def tree_diff(before: Mapping[str, str | None], after: Mapping[str, str]) -> str
 
 def combined_diff(result: Backport) -> str:
     """Every needed fix, against the tree as it is on disk."""
-    before = {path: _read(result.root / path) for path in result.edited}
+    before = {path: read_exact(result.root / path) for path in result.edited}
     return tree_diff(before, result.edited)
-
-
-def _read(path: Path) -> str | None:
-    return _read_exact(path)
 
 
 class WriteError(OSError):
@@ -109,14 +108,6 @@ def _refusals(root: Path, changes: Mapping[str, str | None]) -> list[str]:
     return refused
 
 
-def _read_exact(path: Path) -> str | None:
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _write_exact(path: Path, text: str) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
         handle.write(text)
@@ -137,7 +128,7 @@ def apply_changes(
     try:
         for relpath, text in sorted(changes.items()):
             target = _target(root, relpath)
-            original = _read_exact(target) if target.exists() else None
+            original = read_exact(target) if target.exists() else None
             if text is None:
                 staged.append((None, target, original))
                 continue
@@ -159,8 +150,7 @@ def apply_changes(
     try:
         for staged_file, destination, before in staged:
             if staged_file is None:
-                if destination.exists():
-                    destination.unlink()
+                destination.unlink(missing_ok=True)
             else:
                 os.replace(staged_file, destination)
             done.append((destination, before))
@@ -184,15 +174,8 @@ def _discard(staged: list[tuple[Path | None, Path, str | None]]) -> None:
             temporary.unlink(missing_ok=True)
 
 
-def write_tree(result: Backport) -> list[str]:
-    """Write every edited file of ``result``, all or none (see apply_changes)."""
-    return apply_changes(result.root, dict(result.edited))
-
-
-def _wrap(text: str, width: int = 72) -> str:
-    import textwrap
-
-    return "\n".join(textwrap.wrap(" ".join(text.split()), width))
+def _wrap(text: str) -> str:
+    return "\n".join(textwrap.wrap(" ".join(text.split()), 72))
 
 
 def commit_message(outcome: Outcome, version: str) -> str:

@@ -119,14 +119,14 @@ class EditRecord:
         )
         if not isinstance(fix_id, str) or not isinstance(files, dict):
             return None
-        if not isinstance(tests, dict) or not _str_map(tests) or reader is None:
+        if not _str_map(tests) or reader is None:
             return None
         if not _str_list(directories) or not isinstance(created, dict):
             return None
         record = cls(fix_id, tests=dict(tests), directories=list(directories))
         for relpath, data in files.items():
             edit = reader(data, created.get(relpath))
-            if not isinstance(relpath, str) or edit is None:
+            if edit is None:
                 return None
             record.files[relpath] = edit
         return record

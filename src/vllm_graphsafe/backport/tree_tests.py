@@ -233,12 +233,9 @@ def first_error(output: str) -> str:
 
 def _reported(fix_id: str, run: TestRun, rerun: str, note: str) -> FixTests:
     counts = run.counts
-    ran = counts is not None and run.returncode in (_PYTEST_PASSED, _PYTEST_FAILED)
-    if ran and run.returncode == _PYTEST_PASSED:
-        assert counts is not None
-        return FixTests(fix_id, True, counts.text(), counts, rerun=rerun)
-    if ran:
-        assert counts is not None
+    if counts is not None and run.returncode in (_PYTEST_PASSED, _PYTEST_FAILED):
+        if run.returncode == _PYTEST_PASSED:
+            return FixTests(fix_id, True, counts.text(), counts, rerun=rerun)
         first = ""
         if run.first_failure is not None:
             name, cause = run.first_failure
@@ -269,10 +266,8 @@ def _cause(run: TestRun) -> str:
 
 
 def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return _first_line("\n".join(reversed(text.splitlines())))

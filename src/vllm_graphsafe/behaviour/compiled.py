@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
+from vllm_graphsafe.behaviour.fakes import OVERRIDES
+from vllm_graphsafe.behaviour.judgement import CannotRun
 from vllm_graphsafe.behaviour.stand_in import StandIn
 from vllm_graphsafe.sources import SourceReader
 
@@ -84,14 +86,6 @@ def _decorator_name(node: ast.expr) -> str:
     if isinstance(target, ast.Name):
         return target.id
     return ""
-
-
-def _without_decorators(
-    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, kept: frozenset[str]
-) -> ast.stmt:
-    bare = copy.copy(node)
-    bare.decorator_list = [d for d in node.decorator_list if _decorator_name(d) in kept]
-    return bare
 
 
 def _runs_as_written(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -227,25 +221,22 @@ class SourceCode:
 
     def _bound_by(self, module: str, name: str, statement: ast.stmt) -> Any:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
-            if not _runs_as_written(statement):
-                return StandIn(f"{module}.{name}")
-            return self._compile(module, statement, None, _KEPT_DECORATORS)[name]
-        if isinstance(statement, ast.ClassDef):
+            if _runs_as_written(statement):
+                return self._compile(module, statement, None, _KEPT_DECORATORS)[name]
+        elif isinstance(statement, ast.ClassDef):
             return self._compile(module, statement, None, _KEPT_CLASS_DECORATORS)[name]
-        if isinstance(statement, ast.ImportFrom):
+        elif isinstance(statement, ast.ImportFrom):
             return self._imported_from(module, statement, name)
-        if isinstance(statement, ast.Import):
+        elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname == name:
                     return self.module(alias.name)
                 if alias.asname is None and alias.name.partition(".")[0] == name:
                     return self.module(name)
-            return StandIn(f"{module}.{name}")
-        if isinstance(statement, ast.Assign | ast.AnnAssign):
+        elif isinstance(statement, ast.Assign | ast.AnnAssign):
             value = statement.value
-            if value is None or not _is_constant_expression(value):
-                return StandIn(f"{module}.{name}")
-            return self._evaluate(module, value)
+            if value is not None and _is_constant_expression(value):
+                return self._evaluate(module, value)
         return StandIn(f"{module}.{name}")
 
     def _imported_from(self, module: str, statement: ast.ImportFrom, name: str) -> Any:
@@ -291,7 +282,10 @@ class SourceCode:
         several times faster from text than from its parse)."""
         source: str | ast.Module | None = self._written(module, statement, owner, kept)
         if source is None:
-            node = _without_decorators(statement, kept)
+            node = copy.copy(statement)
+            node.decorator_list = [
+                d for d in statement.decorator_list if _decorator_name(d) in kept
+            ]
             body: list[ast.stmt] = [node]
             if owner is not None:
                 holder = ast.ClassDef(
@@ -363,16 +357,6 @@ class SourceCode:
         except NameError:
             return None
 
-    def function(self, module: str, name: str) -> Callable[..., Any]:
-        """The module-level function ``name`` of ``module``, compiled."""
-        node = self.sources.function_node(module, name)
-        if node is None:
-            raise CompileError(f"{module} defines no function {name}")
-        compiled: Callable[..., Any] = self._compile(
-            module, node, None, _KEPT_DECORATORS
-        )[name]
-        return compiled
-
     def method(self, module: str, owner: str, name: str) -> Any:
         """The class attribute ``owner.name`` made by its ``def`` (a function,
         or the staticmethod/classmethod/property its decorators make); None
@@ -398,22 +382,18 @@ class SourceCode:
         yield from self.class_chain(module, owner)[1:]
 
     def _method(self, module: str, owner: str, name: str) -> Any:
-        for location in self._lookup_order(module, owner):
+        for where, cls in self._lookup_order(module, owner):
             # A private name (``self.__x`` in class C) is looked up mangled.
-            mangled_prefix = f"_{location[1].lstrip('_')}__"
-            written_name = (
-                name[len(mangled_prefix) - 2 :]
-                if name.startswith(mangled_prefix)
-                else name
-            )
-            qualname = f"{location[1]}.{written_name}"
-            node = self.sources.function_node(location[0], qualname)
+            mangled_prefix = f"_{cls.lstrip('_')}__"
+            if name.startswith(mangled_prefix):
+                written_name = name[len(mangled_prefix) - 2 :]
+            else:
+                written_name = name
+            node = self.sources.function_node(where, f"{cls}.{written_name}")
             if node is not None:
                 if not _runs_as_written(node):
-                    return StandIn(f"{location[1]}.{name}")
-                return self._compile(location[0], node, location[1], _KEPT_DECORATORS)[
-                    name
-                ]
+                    return StandIn(f"{cls}.{name}")
+                return self._compile(where, node, cls, _KEPT_DECORATORS)[name]
         return None
 
     def class_chain(self, module: str, name: str) -> list[tuple[str, str]]:
@@ -533,21 +513,48 @@ def _is_constant_expression(node: ast.expr) -> bool:
 def shared_code(sources: SourceReader) -> SourceCode:
     """The code ``sources`` reads, compiled once for every fix that judges it
     (the fixes read many of the same functions and modules)."""
-    from vllm_graphsafe.behaviour.fakes import OVERRIDES
-
     code = sources.compiled
     if not isinstance(code, SourceCode):
         code = sources.compiled = SourceCode(sources, overrides=OVERRIDES)
     return code
 
 
+def compiled_runner(
+    sources: SourceReader, module: str, owner: str
+) -> tuple[Callable[[Mapping[str, Any]], Any], Any, Any]:
+    """How a fix's cases make an ``owner`` of ``module`` compiled from
+    ``sources`` (holding the state given), and the ``CUDAGraphMode`` and
+    ``BatchDescriptor`` that module sees (None where it binds none)."""
+    code = shared_code(sources)
+    return (
+        lambda state: code.instance(module, owner, state),
+        code.name_or_none(module, "CUDAGraphMode"),
+        code.name_or_none(module, "BatchDescriptor"),
+    )
+
+
 _PARAMETERS: dict[Any, tuple[inspect.Parameter, ...]] = {}
 
 
-def parameters_of(function: Any) -> tuple[inspect.Parameter, ...]:
-    """``inspect.signature(function)``'s parameters, worked out once per
+def keyword_arguments(
+    function: Any, supplied: Mapping[str, Any], unsupplied: Callable[[str], Any]
+) -> dict[str, Any]:
+    """``function``'s arguments by name: the ``supplied`` ones, and
+    ``unsupplied(name)`` for any other without a default; ``CannotRun`` where
+    its signature cannot be read. The signature is worked out once per
     function (a bound method's, once per the function it binds)."""
     key = (getattr(function, "__func__", function), hasattr(function, "__self__"))
     if key not in _PARAMETERS:
-        _PARAMETERS[key] = tuple(inspect.signature(function).parameters.values())
-    return _PARAMETERS[key]
+        try:
+            _PARAMETERS[key] = tuple(inspect.signature(function).parameters.values())
+        except (TypeError, ValueError) as error:
+            raise CannotRun(f"its signature cannot be read ({error})") from error
+    arguments: dict[str, Any] = {}
+    for parameter in _PARAMETERS[key]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.name in supplied:
+            arguments[parameter.name] = supplied[parameter.name]
+        elif parameter.default is parameter.empty:
+            arguments[parameter.name] = unsupplied(parameter.name)
+    return arguments

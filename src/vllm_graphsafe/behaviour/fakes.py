@@ -1,4 +1,5 @@
-"""Fakes shared by the fixes' cases: plain records and vLLM's graph dispatcher.
+"""Fakes shared by the fixes' cases: plain records, a step's requests and
+vLLM's graph dispatcher.
 
 Each fake holds what a case sets, and a stand-in for anything else, so that
 the target's code can read a config or a flag the case does not care about.
@@ -7,7 +8,7 @@ the target's code can read a config or a flag the case does not care about.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from vllm_graphsafe.behaviour.stand_in import StandIn
@@ -28,6 +29,62 @@ class Fake:
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.__dict__.items() if k != "_fake_name"}
         return f"Fake({self.__dict__['_fake_name']}, {shown})"
+
+
+class Row(NamedTuple):
+    """One request of a step: its prompt (after preemption, every token it
+    recomputes), what it computed before the step, what the step schedules
+    for it (drafts included) and how many drafts."""
+
+    prompt: int
+    computed: int
+    scheduled: int
+    drafts: int = 0
+    #: First scheduled this step (the scheduler output's new requests).
+    new: bool = False
+
+
+def decode_row(k: int, offset: int = 0) -> Row:
+    return Row(prompt=12 + offset, computed=40 + offset, scheduled=k + 1, drafts=k)
+
+
+def fresh_row(k: int) -> Row:
+    return Row(prompt=k + 1, computed=0, scheduled=k + 1, new=True)
+
+
+def chunk_rows(k: int) -> list[tuple[str, Row]]:
+    """The prompt chunks of K+1 tokens over prior state, in words: a chunked
+    prompt's tail, and what is left of a prompt after a prefix-cache hit."""
+    q = k + 1
+    return [
+        (
+            f"the {q}-token tail of a chunked {256 + q}-token prompt",
+            Row(256 + q, 256, q),
+        ),
+        (
+            f"a {16 + q}-token prompt after a 16-token prefix-cache hit",
+            Row(16 + q, 16, q, new=True),
+        ),
+    ]
+
+
+def req_id(index: int) -> str:
+    return f"req-{index}"
+
+
+def scheduler_output(rows: Sequence[Row], **fields: Any) -> Fake:
+    """A step's ``SchedulerOutput``: what it schedules for each row (drafts
+    apart too), and ``fields``."""
+    scheduled = {req_id(i): row.scheduled for i, row in enumerate(rows)}
+    return Fake(
+        "SchedulerOutput",
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={
+            req_id(i): [0] * row.drafts for i, row in enumerate(rows) if row.drafts
+        },
+        **fields,
+    )
 
 
 class FallbackGraphMode(enum.Enum):
@@ -65,16 +122,10 @@ def descriptor(descriptor_type: Any, **fields: Any) -> Any:
     return Fake("BatchDescriptor", **fields)
 
 
-class DispatchCall(NamedTuple):
-    num_tokens: int
-    uniform_decode: bool
-    mode: str
-
-
 class GraphDispatcher:
     """vLLM's ``CudagraphDispatcher`` with FULL_AND_PIECEWISE graphs captured:
     a uniform-decode batch gets the FULL decode graph (where FULL is allowed),
-    any other batch the piecewise graphs. Records each call."""
+    any other batch the piecewise graphs. Records the mode each call got."""
 
     #: 1Cat-vLLM asks its dispatcher for attention-context buckets first.
     has_attention_context_buckets = False
@@ -82,7 +133,7 @@ class GraphDispatcher:
     def __init__(self, modes: Any, descriptor_type: Any) -> None:
         self.modes = modes
         self.descriptor_type = descriptor_type
-        self.calls: list[DispatchCall] = []
+        self.calls: list[str] = []
 
     def dispatch(
         self,
@@ -107,9 +158,7 @@ class GraphDispatcher:
             mode = piecewise
         else:
             mode = none
-        self.calls.append(
-            DispatchCall(num_tokens, bool(uniform_decode), str(mode_name(mode)))
-        )
+        self.calls.append(str(mode_name(mode)))
         return mode, descriptor(
             self.descriptor_type,
             num_tokens=num_tokens,

@@ -155,25 +155,22 @@ def judge_cases(
     for case in cases:
         try:
             outcome = run(case)
-        except CannotRun as error:
-            could_not_run = could_not_run or f"{case.name}: {error}"
-            continue
-        except Exception as error:  # the target's own code failed on the fake
-            could_not_run = could_not_run or (
-                f"{case.name}: {type(error).__name__}: {error}"
-            )
+        except Exception as error:  # CannotRun, or the target's own code failed
+            why = str(error)
+            if not isinstance(error, CannotRun):
+                why = f"{type(error).__name__}: {why}"
+            could_not_run = could_not_run or f"{case.name}: {why}"
             continue
         if outcome.right:
             passed += 1
         else:
             failures.append(case)
             said[case.name] = outcome.said
-    failed = _first_failure(cases, failures, said)
     return Evidence(
         BEHAVIOUR,
         passed=passed,
         total=len(cases),
-        failed=failed,
+        failed=_first_failure(cases, failures, said),
         could_not_run=could_not_run,
     )
 
@@ -192,6 +189,12 @@ def _first_failure(
         )
     first = failures[0]
     return f"{first.name} {said[first.name]}"
+
+
+def graph_outcome(case: Case[Any], full: bool, said: str) -> Outcome:
+    """Right where a case to keep off the FULL decode graph did not get it
+    (``full``), and any other case did."""
+    return Outcome(full != (case.expect is Expect.KEPT_OFF), said)
 
 
 def settled(evidence: Evidence) -> bool:

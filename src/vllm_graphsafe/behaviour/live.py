@@ -9,8 +9,9 @@ attribute is a :class:`~.stand_in.StandIn`. Nothing of vLLM is changed.
 
 from __future__ import annotations
 
+import importlib
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm_graphsafe.behaviour.stand_in import StandIn
@@ -80,3 +81,17 @@ def live_instance(
     obj: Any = object.__new__(live_class(cls, overrides))
     obj.__dict__.update(state)
     return obj
+
+
+def live_runner(
+    cls: type, overrides: Mapping[str, Any]
+) -> tuple[Callable[[Mapping[str, Any]], Any], Any, Any]:
+    """How a fix's cases make a :func:`live_instance` of ``cls`` (holding the
+    state given), and the ``CUDAGraphMode`` and ``BatchDescriptor`` its
+    module sees (None where it binds none)."""
+    names = vars(importlib.import_module(cls.__module__))
+    return (
+        lambda state: live_instance(cls, state, overrides),
+        names.get("CUDAGraphMode"),
+        names.get("BatchDescriptor"),
+    )

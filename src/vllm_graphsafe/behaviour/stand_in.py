@@ -39,49 +39,35 @@ class StandIn:
     def __getitem__(self, key: Any) -> StandIn:
         return self._child("[]")
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def _nothing(self, *args: Any) -> None:
         return None
 
-    def __delitem__(self, key: Any) -> None:
-        return None
+    __setitem__ = __delitem__ = __exit__ = _nothing
 
-    def __bool__(self) -> bool:
+    def _false(self, *other: Any) -> bool:
         return False
 
-    def __len__(self) -> int:
+    __bool__ = __contains__ = __lt__ = __le__ = __gt__ = __ge__ = _false
+
+    def _zero(self) -> int:
         return 0
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
-
-    def __contains__(self, item: Any) -> bool:
-        return False
-
-    def __int__(self) -> int:
-        return 0
-
-    def __index__(self) -> int:
-        return 0
+    __len__ = __int__ = __index__ = _zero
 
     def __float__(self) -> float:
         return 0.0
 
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
     def __enter__(self) -> StandIn:
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
     def __eq__(self, other: object) -> bool:
         return other is self
 
     def __ne__(self, other: object) -> bool:
         return other is not self
-
-    def __lt__(self, other: Any) -> bool:
-        return False
-
-    __le__ = __gt__ = __ge__ = __lt__
 
     def __hash__(self) -> int:
         return id(self)

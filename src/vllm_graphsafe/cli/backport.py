@@ -6,9 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllm_graphsafe import __version__, exit_statuses, recognition
+from vllm_graphsafe.tree_edits.tree import read_exact
+
+if TYPE_CHECKING:
+    from vllm_graphsafe.backport import Backport, Outcome
+    from vllm_graphsafe.backport.tree_tests import FixTests
 
 EXIT_OK = exit_statuses.BACKPORT_OK
 EXIT_FIXES_NEEDED = exit_statuses.BACKPORT_FIXES_NEEDED
@@ -124,36 +129,31 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def describe(outcome: Any) -> str:
+def describe(outcome: Outcome) -> str:
     """One line per fix: where the tree stands, how that was found, what follows."""
     from vllm_graphsafe.backport import Status
 
     found = None if outcome.evidence is None else outcome.evidence.text()
-    fix, status = outcome.fix_id, outcome.status
+    reason = outcome.reason
     if found is None:
-        return f"{fix}: {status.value} ({outcome.reason})"
-    if status is Status.NATIVE:
-        return f"{fix}: native ({found})"
-    if status is Status.CANNOT_BIND:
-        return (
-            f"{fix}: needed ({found}); the edit cannot be made here: {outcome.reason}"
-        )
-    if status is Status.NEEDED:
-        return f"{fix}: needed ({found}); edit: {outcome.reason}"
-    if status is Status.OURS:
-        return f"{fix}: ours ({outcome.reason}; without it: needed, {found})"
-    if status is Status.BOTH:
-        return f"{fix}: both (without ours: native, {found}); {outcome.reason}"
-    if status is Status.TARGET_GONE:
-        return f"{fix}: target gone ({outcome.reason})"
-    return f"{fix}: ours, changed ({outcome.reason}); see below"
+        return f"{outcome.fix_id}: {outcome.status.value} ({reason})"
+    said = {
+        Status.NATIVE: f"native ({found})",
+        Status.CANNOT_BIND: f"needed ({found}); the edit cannot be made here: {reason}",
+        Status.NEEDED: f"needed ({found}); edit: {reason}",
+        Status.OURS: f"ours ({reason}; without it: needed, {found})",
+        Status.BOTH: f"both (without ours: native, {found}); {reason}",
+        Status.TARGET_GONE: f"target gone ({reason})",
+        Status.OURS_CHANGED: f"ours, changed ({reason}); see below",
+    }
+    return f"{outcome.fix_id}: {said[outcome.status]}"
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _fix_report(outcome: Any) -> dict[str, Any]:
+def _fix_report(outcome: Outcome) -> dict[str, Any]:
     evidence = outcome.evidence
     return {
         "id": outcome.fix_id,
@@ -171,12 +171,12 @@ def _fix_report(outcome: Any) -> dict[str, Any]:
     }
 
 
-def _report(mode: str, root: Path, outcomes: list[Any], status: int) -> dict[str, Any]:
+def _report(mode: str, root: Path, outcomes: list[Outcome]) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "mode": mode,
         "tree": str(root),
-        "exit_status": status,
+        "exit_status": None,  # set by _finish
         "fixes": [_fix_report(outcome) for outcome in outcomes],
         "conflicts": [],
         "written": [],
@@ -243,14 +243,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except ConflictError as error:
         _say(f"{str(error)[:1].upper()}{str(error)[1:]}.")
-        if args.json:
-            report = _report(mode, root, [], EXIT_CONFLICTS)
-            report["conflicts"] = error.files
-            print(json.dumps(report, indent=2))
-        return EXIT_CONFLICTS
+        report = _report(mode, root, [])
+        report["conflicts"] = error.files
+        return _finish(report, EXIT_CONFLICTS, args.json)
 
 
-def _check_status(result: Any) -> int:
+def _check_status(result: Backport) -> int:
     from vllm_graphsafe.backport import Status
 
     states = {outcome.status for outcome in result.outcomes}
@@ -263,7 +261,7 @@ def _check_status(result: Any) -> int:
     return EXIT_OK
 
 
-def _show_changed(outcomes: list[Any]) -> None:
+def _show_changed(outcomes: list[Outcome]) -> None:
     for outcome in outcomes:
         for changed in outcome.changed:
             _say(f"{outcome.fix_id}: not as written in {changed.relpath}:")
@@ -271,12 +269,12 @@ def _show_changed(outcomes: list[Any]) -> None:
 
 
 def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
-    from vllm_graphsafe.backport import Status, backport
+    from vllm_graphsafe.backport import backport
     from vllm_graphsafe.backport.output import (
         WriteError,
+        apply_changes,
         combined_diff,
         format_patch,
-        write_tree,
     )
 
     result = backport(root, args.fix)
@@ -285,17 +283,12 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
             _say(describe(outcome))
         _show_changed(result.outcomes)
     status = EXIT_CANNOT_BIND if result.unbound() else EXIT_OK
-    report = _report(mode, root, result.outcomes, status)
+    report = _report(mode, root, result.outcomes)
     if mode == "check":
-        status = report["exit_status"] = _check_status(result)
+        status = _check_status(result)
     elif mode == "verify":
-        status = _verify(
-            result,
-            sys.executable if args.python is None else args.python,
-            report,
-            args.json,
-        )
-        report["exit_status"] = status
+        python = sys.executable if args.python is None else args.python
+        status = _verify(result, python, report, args.json)
     elif mode == "diff":
         diff = combined_diff(result)
         report["diff"] = diff
@@ -303,10 +296,10 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
             sys.stdout.write(diff)
     elif mode == "write":
         try:
-            written = write_tree(result)
+            written = apply_changes(root, result.edited)
         except WriteError as error:
             _say(f"{error}; nothing was changed.")
-            status = report["exit_status"] = EXIT_WRITE_FAILED
+            status = EXIT_WRITE_FAILED
             written = []
         report["written"] = written
         if not args.json:
@@ -329,9 +322,15 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
             for path in patches:
                 _say(f"wrote {path}")
             if not patches and not result.unbound():
-                assert not [o for o in result.outcomes if o.status is Status.NEEDED]
+                assert not result.needed()
                 _say("No patch written: the tree needs none of the fixes.")
-    if args.json:
+    return _finish(report, status, args.json)
+
+
+def _finish(report: dict[str, Any], status: int, as_json: bool) -> int:
+    """``status``, with the report (``--json``) printed on stdout."""
+    report["exit_status"] = status
+    if as_json:
         print(json.dumps(report, indent=2))
     return status
 
@@ -341,7 +340,7 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
     from vllm_graphsafe.backport.output import WriteError, apply_changes, tree_diff
 
     dropping = drop(root, args.fix, force=args.force)
-    report = _report("drop", root, dropping.outcomes, EXIT_OK)
+    report = _report("drop", root, dropping.outcomes)
     refused = [
         o
         for o in dropping.outcomes
@@ -357,23 +356,16 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
                 "Nothing was dropped: our edit was changed since it was written "
                 "(above). Resolve it, or drop what is still ours with --force."
             )
-        report["exit_status"] = EXIT_OURS_CHANGED
-        if args.json:
-            print(json.dumps(report, indent=2))
-        return EXIT_OURS_CHANGED
+        return _finish(report, EXIT_OURS_CHANGED, args.json)
     if dropping.entangled:
         for entangled in dropping.entangled:
             _say(f"Not dropped: {entangled}.")
-        report["exit_status"] = EXIT_OURS_CHANGED
-        if args.json:
-            print(json.dumps(report, indent=2))
-        return EXIT_OURS_CHANGED
-    written = {p: t for p, t in dropping.changes.items() if t is not None}
+        return _finish(report, EXIT_OURS_CHANGED, args.json)
+    written = sorted(p for p, t in dropping.changes.items() if t is not None)
     removed = sorted(p for p, t in dropping.changes.items() if t is None)
     if args.diff:
-        before = {p: _read(root / p) for p in dropping.changes}
-        after = {p: t if t is not None else "" for p, t in dropping.changes.items()}
-        diff = _drop_diff(before, after, removed, tree_diff)
+        before = {p: read_exact(root / p) for p in dropping.changes}
+        diff = tree_diff(before, dropping.changes)
         report["diff"] = diff
         if not args.json:
             sys.stdout.write(diff)
@@ -382,14 +374,11 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
             apply_changes(root, dropping.changes, dropping.directories)
         except WriteError as error:
             _say(f"{error}; nothing was changed.")
-            report["exit_status"] = EXIT_WRITE_FAILED
-            if args.json:
-                print(json.dumps(report, indent=2))
-            return EXIT_WRITE_FAILED
-        report["written"] = sorted(written)
+            return _finish(report, EXIT_WRITE_FAILED, args.json)
+        report["written"] = written
         report["removed"] = removed
         if not args.json:
-            for relpath in sorted(written):
+            for relpath in written:
                 _say(f"restored {relpath}")
             for relpath in removed:
                 _say(f"removed {relpath}")
@@ -400,55 +389,10 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
             _say(changed.diff.rstrip("\n"))
     if not dropping.changes and not args.json:
         _say("Nothing to drop: the tree carries none of our edits.")
-    if args.json:
-        print(json.dumps(report, indent=2))
-    return EXIT_OK
+    return _finish(report, EXIT_OK, args.json)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _drop_diff(
-    before: dict[str, str | None],
-    after: dict[str, str],
-    removed: list[str],
-    tree_diff: Any,
-) -> str:
-    from vllm_graphsafe.backport.output import file_diff
-
-    parts = []
-    for relpath in sorted(after):
-        if relpath in removed:
-            parts.append(_deletion(relpath, before.get(relpath) or ""))
-        else:
-            parts.append(file_diff(relpath, before.get(relpath), after[relpath]))
-    return "".join(parts)
-
-
-def _deletion(relpath: str, text: str) -> str:
-    import difflib
-
-    lines = list(
-        difflib.unified_diff(
-            text.splitlines(keepends=True),
-            [],
-            fromfile=f"a/{relpath}",
-            tofile="/dev/null",
-        )
-    )
-    body = "".join(
-        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-        for line in lines
-    )
-    return f"diff --git a/{relpath} b/{relpath}\ndeleted file mode 100644\n" + body
-
-
-def _verify_report(line: Any) -> dict[str, Any]:
+def _verify_report(line: FixTests) -> dict[str, Any]:
     counts = line.counts
     return {
         "ok": line.ok,
@@ -462,22 +406,13 @@ def _verify_report(line: Any) -> dict[str, Any]:
     }
 
 
-def _verify(
-    result: object,
-    python: str,
-    report: dict[str, Any] | None = None,
-    quiet: bool = False,
-) -> int:
-    from vllm_graphsafe.backport import Backport
+def _verify(result: Backport, python: str, report: dict[str, Any], quiet: bool) -> int:
     from vllm_graphsafe.backport.tree_tests import verify_tree
 
-    assert isinstance(result, Backport)
     lines = verify_tree(result, python)
+    fixes = {fix["id"]: fix for fix in report["fixes"]}
     for line in lines:
         if not quiet:
             _say(f"{line.fix_id} tests: {line.line}")
-        if report is not None:
-            for fix in report["fixes"]:
-                if fix["id"] == line.fix_id:
-                    fix["verify"] = _verify_report(line)
+        fixes[line.fix_id]["verify"] = _verify_report(line)
     return EXIT_OK if all(line.ok for line in lines) else EXIT_VERIFY_FAILED

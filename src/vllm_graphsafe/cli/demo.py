@@ -313,12 +313,6 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(extra, ignore_errors=True)
 
 
-def verdict_dir(cache_dir: Path, environ: Mapping[str, str]) -> str:
-    """Where the demo's processes keep the fixes' verdicts: the user's
-    ``GRAPHSAFE_CACHE_DIR`` if set, else inside the demo's cache directory."""
-    return environ.get(CACHE_DIR_ENV) or str(cache_dir / "verdicts")
-
-
 def server_overrides(
     args: argparse.Namespace,
     cache_dir: Path,
@@ -327,12 +321,12 @@ def server_overrides(
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """What the demo's first server's environment sets beyond the caller's."""
+    environ = os.environ if environ is None else environ
     overrides = {
         STATS_DIR_ENV: str(stats_dir),
         "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-        CACHE_DIR_ENV: verdict_dir(
-            cache_dir, os.environ if environ is None else environ
-        ),
+        # The fixes' verdicts: where the user keeps them, else in the demo's cache.
+        CACHE_DIR_ENV: environ.get(CACHE_DIR_ENV) or str(cache_dir / "verdicts"),
         # What a server killed mid-start leaves there goes with the demo's directory.
         "TMPDIR": str(server_tmp),
     }

@@ -39,7 +39,6 @@ EXIT_BAD_SETTING = exit_statuses.DOCTOR_BAD_SETTING
 
 EPILOG = exit_statuses.help_text("doctor")
 
-RUNNER_MODULES = vllm_layout.RUNNERS
 _SATISFIED = {PatchState.APPLIED, PatchState.NATIVE, PatchState.NOT_APPLICABLE}
 
 
@@ -159,7 +158,8 @@ def collect_report(
         "python": platform.python_version(),
         "platform": platform.platform(),
         "runners": {
-            label: sources.exists(module) for label, module in RUNNER_MODULES.items()
+            label: sources.exists(module)
+            for label, module in vllm_layout.RUNNERS.items()
         },
         "judged_by": "import" if import_modules else "source",
         "patches": [
@@ -214,7 +214,7 @@ def _live_disagrees(registry: Registry, live: dict[str, dict[str, Any]]) -> bool
         evidence = Evidence.from_json(live.get(patch.id))
         if (
             patch.state is PatchState.NATIVE
-            and evidence is not None
+            and evidence
             and evidence.failed is not None
         ):
             return True
@@ -245,9 +245,9 @@ def render_settings(report: dict[str, Any]) -> list[str]:
     emulating = settings.get("emulate_graph_hazard")
     if emulating is not None:
         lines.append(
-            f"graph-hazard emulator: {'ON' if emulating else 'off'} "
-            f"({EMULATE_ENV}; a test instrument that corrupts the tokens of a step "
-            "replaying a decode graph over a prompt, as a GPU would)"
+            f"graph-hazard emulator: ON ({EMULATE_ENV}; a test instrument that "
+            "corrupts the tokens of a step replaying a decode graph over a prompt, "
+            "as a GPU would)"
             if emulating
             else f"graph-hazard emulator: off ({EMULATE_ENV})"
         )
@@ -324,16 +324,12 @@ def exit_status(report: dict[str, Any]) -> int:
     return EXIT_OK if report["ok"] else EXIT_FIX_MISSING
 
 
-def print_catalogue() -> int:
-    from vllm_graphsafe.catalogue import render_text
-
-    print(render_text())
-    return EXIT_OK
-
-
 def run(args: argparse.Namespace) -> int:
     if args.catalogue:
-        return print_catalogue()
+        from vllm_graphsafe.catalogue import render_text
+
+        print(render_text())
+        return EXIT_OK
     if SourceReader().text("vllm") is None:
         print(
             "vLLM is not installed in this Python environment; install `vllm` "

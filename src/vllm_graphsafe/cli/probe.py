@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from pathlib import Path
 
 from vllm_graphsafe import exit_statuses
 from vllm_graphsafe.probe.checks import (
@@ -22,7 +22,6 @@ from vllm_graphsafe.probe.checks import (
     CheckResult,
     not_run_sentences,
 )
-from vllm_graphsafe.probe.dispatch_stats import render_dispatch_stats
 from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
     EXIT_INTERRUPTED,
@@ -159,22 +158,22 @@ def settings_from_args(args: argparse.Namespace) -> ProbeSettings:
 
         stats_dir = read_settings().stats_dir
     return ProbeSettings(
-        base_url=str(args.base_url or ""),
+        base_url=args.base_url,
         model=args.model,
         num_speculative_tokens=args.num_speculative_tokens,
         block_size=args.block_size,
         chunk_size=args.chunk_size,
         max_tokens=args.max_tokens,
         decode_tokens=args.decode_tokens,
-        timeout=float(args.timeout),
+        timeout=args.timeout,
         max_requests=args.max_requests,
         concurrency=args.concurrency,
         vocab_size=args.vocab_size,
         api_key=api_key_from(args.api_key, os.environ),
         json_path=args.json,
         stats_dir=stats_dir or None,
-        long_prompts=not getattr(args, "no_long_prompts", False),
-        progress=not (getattr(args, "quiet", False) or args.json),
+        long_prompts=not args.no_long_prompts,
+        progress=not (args.quiet or args.json),
     )
 
 
@@ -187,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             "Interrupted: the probe stopped before its checks ended.", file=sys.stderr
         )
         return EXIT_INTERRUPTED
-    return show_result(result, settings.json_path, quiet=getattr(args, "quiet", False))
+    return show_result(result, settings.json_path, quiet=args.quiet)
 
 
 #: How the table shows each check status.
@@ -222,13 +221,7 @@ def summary_line(checks: Sequence[CheckResult]) -> str:
     return f"probe passed: all {total} checks passed"
 
 
-def show_result(
-    result: ProbeResult,
-    json_path: str | None,
-    quiet: bool = False,
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
-) -> int:
+def show_result(result: ProbeResult, json_path: str | None, quiet: bool = False) -> int:
     """Show a probe's outcome and write its JSON report; return the exit status.
 
     The table goes to standard output, or to standard error when the JSON report
@@ -237,36 +230,34 @@ def show_result(
     one sentence on standard error. A report that cannot be written is one more
     sentence, and exit status 2 if the probe itself passed.
     """
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
     if result.error is not None:
-        print(result.error, file=err)
+        print(result.error, file=sys.stderr)
     else:
-        table_stream = err if json_path == "-" else out
-        not_passed = [check for check in result.checks if check.status != PASS]
-        rows = not_passed if quiet else list(result.checks)
+        table_stream = sys.stderr if json_path == "-" else sys.stdout
+        rows = [c for c in result.checks if not quiet or c.status != PASS]
         if rows:
             print(format_table(rows), file=table_stream)
         print(summary_line(result.checks), file=table_stream)
         for sentence in not_run_sentences(result.checks):
-            print(sentence, file=err)
+            print(sentence, file=sys.stderr)
     if result.dispatch_stats is not None:
-        print("\n".join(render_dispatch_stats(dict(result.dispatch_stats))), file=err)
+        # The plugin's statistics module loads only when there are statistics.
+        from vllm_graphsafe.counts import render_stats
+
+        print("\n".join(render_stats(dict(result.dispatch_stats))), file=sys.stderr)
     late_errors = list(result.late_errors)
-    if json_path and result.report:
-        if json_path == "-":
-            out.write(report_text(result.report))
-        else:
-            try:
-                with open(json_path, "w", encoding="utf-8") as handle:
-                    handle.write(report_text(result.report))
-            except OSError as error:
-                reason = error.strerror or type(error).__name__
-                late_errors.append(
-                    f"Cannot write the JSON report to {json_path}: {reason}."
-                )
+    if json_path == "-" and result.report:
+        sys.stdout.write(report_text(result.report))
+    elif json_path and result.report:
+        try:
+            Path(json_path).write_text(report_text(result.report), encoding="utf-8")
+        except OSError as error:
+            reason = error.strerror or type(error).__name__
+            late_errors.append(
+                f"Cannot write the JSON report to {json_path}: {reason}."
+            )
     for sentence in late_errors:
-        print(sentence, file=err)
+        print(sentence, file=sys.stderr)
     if late_errors and result.exit_code == EXIT_OK:
         return EXIT_BAD_ARGUMENT
     return result.exit_code

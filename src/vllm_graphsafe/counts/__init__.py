@@ -2,10 +2,9 @@
 
 Each process counts in memory (:data:`STATS`); once the plugin hands it
 directories, each count is also stored in a counts page there (:mod:`.page`)
-and a thread writes the process's record (:mod:`.records`, :mod:`.writer`).
-Every file is private (:mod:`.private_files`). :mod:`.metrics` serves the
-records on vLLM's ``/metrics``. Nothing here reads the environment: the plugin
-decides the directories and hands them over.
+and a thread writes the process's record (:mod:`.records`, :mod:`.writer`),
+every file private (:mod:`vllm_graphsafe.private_files`). Nothing here reads
+the environment: the plugin decides the directories.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ from vllm_graphsafe.counts.counter import STATS, DispatchStats
 from vllm_graphsafe.counts.records import (
     NoStatisticsYet,
     StatsDirError,
-    check_record,
     read_process_files,
     read_records_leniently,
     read_stats_dir,
-    summarize,
 )
 from vllm_graphsafe.counts.render import render_stats
 from vllm_graphsafe.counts.roles import (
@@ -26,7 +23,6 @@ from vllm_graphsafe.counts.roles import (
     ROLE_ENGINE_CORE,
     ROLE_MAIN,
     ROLE_WORKER,
-    process_role,
 )
 from vllm_graphsafe.private_files import UnsafeTargetError
 
@@ -40,11 +36,8 @@ __all__ = [
     "NoStatisticsYet",
     "StatsDirError",
     "UnsafeTargetError",
-    "check_record",
-    "process_role",
     "read_process_files",
     "read_records_leniently",
     "read_stats_dir",
     "render_stats",
-    "summarize",
 ]

@@ -1,12 +1,9 @@
 """Per-process dispatch decision counters, readable from outside the process.
 
-Each process counts its decisions in memory: ``count(event)`` is one cell's
-increment (a dictionary lookup and a list store), nothing more, until a
-directory is configured. From then on each
-count is also stored in the process's counts page there (one memory write into
-a shared file mapping, see :mod:`vllm_graphsafe.counts.page`), which outlives
-even SIGKILL, and the process's record is written there by a thread (see
-:mod:`vllm_graphsafe.counts.writer`).
+``count(event)`` is one cell's increment (a dictionary lookup and a list store)
+until a directory is configured; from then on each count is also stored in the
+process's counts page there (:mod:`.page`), and a thread writes the process's
+record (:mod:`.writer`).
 """
 
 from __future__ import annotations
@@ -20,11 +17,11 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from vllm_graphsafe.counts.page import CountsPage, link_page, remove_page
+from vllm_graphsafe.counts.page import CountsPage, page_name
 from vllm_graphsafe.counts.records import process_record, write_record
 from vllm_graphsafe.counts.writer import RecordWriter, install_exit_hooks
+from vllm_graphsafe.private_files import link_private_file, remove_private_file
 
 #: A cell's slot before any page holds its name, and where none has room.
 UNASSIGNED = -1
@@ -47,12 +44,10 @@ class DispatchStats:
         self._last_written: dict[Path, bytes] = {}
         self._exit_hooks_installed = False
         self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
-        #: These are mutated in place only: counters handed out hold them.
         self._pages: list[CountsPage] = []
         self._page_in: dict[Path, CountsPage] = {}
-        #: Each page's counts, as 8-byte integers by slot.
-        self._page_values: list[memoryview] = []
-        #: The first page's counts (None: no page), and the other pages'.
+        #: The first page's counts (None: no page), and the other pages', as
+        #: 8-byte integers by slot. Mutated in place only: counters hold them.
         self._first_values: list[memoryview | None] = [None]
         self._more_values: list[memoryview] = []
         #: Each event's slot in every page, by patch; -1 where the pages are full.
@@ -109,11 +104,8 @@ class DispatchStats:
 
     def _page_slot(self, patch_id: str, event: str, cell: list[int]) -> int:
         """The name's slot in the pages (``NO_ROOM``: none), assigned now."""
-        if cell[1] == UNASSIGNED:
-            cell[1] = self._add_slot(patch_id, event)
-        return cell[1]
-
-    def _add_slot(self, patch_id: str, event: str) -> int:
+        if cell[1] != UNASSIGNED:
+            return cell[1]
         with self._page_lock:
             slot = self._slots[patch_id].get(event)
             if slot is None:
@@ -121,7 +113,8 @@ class DispatchStats:
                 slot = added.pop() if len(added) == 1 else None
                 slot = NO_ROOM if slot is None else slot
                 self._slots[patch_id][event] = slot
-            return slot
+        cell[1] = slot
+        return slot
 
     def _store_all(self) -> None:
         """Put every in-memory count into every page."""
@@ -129,13 +122,13 @@ class DispatchStats:
             for event, cell in list(cells.items()):
                 slot = self._page_slot(patch_id, event, cell)
                 if slot >= 0:
-                    for values in self._page_values:
-                        values[slot] = cell[0]
+                    for page in self._pages:
+                        page.values[slot] = cell[0]
 
     def _link_values(self) -> None:
         """Point the per-step path at the pages as they are now."""
-        self._more_values[:] = self._page_values[1:]
-        self._first_values[0] = self._page_values[0] if self._page_values else None
+        self._more_values[:] = [page.values for page in self._pages[1:]]
+        self._first_values[0] = self._pages[0].values if self._pages else None
 
     # -- everything else ------------------------------------------------------
 
@@ -165,8 +158,8 @@ class DispatchStats:
         for slots in self._slots.values():
             for slot in slots.values():
                 if slot >= 0:
-                    for values in self._page_values:
-                        values[slot] = 0
+                    for page in self._pages:
+                        page.values[slot] = 0
 
     @property
     def directories(self) -> list[Path]:
@@ -205,8 +198,8 @@ class DispatchStats:
             pid = os.getpid()
             for linked_from, first in list(self._page_in.items())[:1]:
                 try:
-                    link_page(linked_from, directory, pid)
-                except OSError:
+                    link_private_file(linked_from, directory, page_name(pid))
+                except OSError:  # another file system among them
                     break
                 self._page_in[directory] = first
                 return
@@ -225,7 +218,6 @@ class DispatchStats:
                     page.close()
                     return
             self._pages.append(page)
-            self._page_values.append(page.values)
             self._page_in[directory] = page
         self._store_all()
         with self._page_lock:
@@ -243,25 +235,21 @@ class DispatchStats:
                 return
             if page not in self._page_in.values():  # no other name for it
                 self._pages.remove(page)
-                self._page_values.remove(page.values)
                 self._link_values()
-        remove_page(directory, os.getpid())
-
-    def record(self) -> dict[str, Any]:
-        return process_record(
-            self.describe_patches(), self.wrapped_patches(), self.snapshot()
-        )
+        # Unlinked only where it is a regular file of ours.
+        remove_private_file(directory, page_name(os.getpid()))
 
     def flush(self, *, only_if_changed: bool = False) -> None:
         """Write this process's record into every configured directory now."""
         with self._write_lock:
             if not self._directories:
                 return
-            record = self.record()
-            comparable = json.dumps({**record, "written_at": 0}, sort_keys=True)
+            record = process_record(
+                self.describe_patches(), self.wrapped_patches(), self.snapshot()
+            )
+            key = json.dumps({**record, "written_at": 0}, sort_keys=True).encode()
             data = json.dumps(record, sort_keys=True).encode()
             for directory in list(self._directories):
-                key = comparable.encode()
                 if only_if_changed and self._last_written.get(directory) == key:
                     continue
                 try:
@@ -294,12 +282,12 @@ class DispatchStats:
         self._last_written = {}
         self._exit_hooks_installed = False
         # The parent's mappings are shared: unmap them here, never store into them.
-        self._page_values.clear()
+        pages = list(self._pages)
+        self._pages.clear()
         self._link_values()
-        for page in self._pages:
+        for page in pages:
             with contextlib.suppress(BufferError, ValueError):
                 page.close()
-        self._pages.clear()
         self._page_in.clear()
         for slots in self._slots.values():
             slots.clear()

@@ -1,11 +1,9 @@
 """A process's counters in a shared file mapping, on disk the moment they change.
 
-vLLM 0.32's API server answers SIGTERM by killing its engine core and workers
-at once (SIGKILL), so nothing runs there at exit and a record written by a
-thread can be a few milliseconds behind. Each count is therefore also stored
-in ``<pid>.counts``, a small file mapped ``MAP_SHARED`` beside ``<pid>.json``:
-a store into the mapping is in the kernel's page cache at once and outlives
-the process, whatever kills it. Storing costs one memory write, no system call.
+``<pid>.counts`` is a small file mapped ``MAP_SHARED`` beside ``<pid>.json``: a
+store into it is in the kernel's page cache at once and outlives the process,
+even the SIGKILL vLLM 0.32 sends its engine processes (docs/architecture.md,
+"How the counts reach /metrics"). Storing costs one memory write, no system call.
 
 Layout (one page, native byte order, read on the same host):
 
@@ -27,11 +25,7 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_graphsafe.private_files import (
-    create_private_file,
-    link_private_file,
-    remove_private_file,
-)
+from vllm_graphsafe.private_files import create_private_file
 
 MAGIC = b"graphsafe-counts-1\n\0"
 LAYOUT_AT = 32
@@ -92,19 +86,6 @@ class CountsPage:
         self._mapping.close()
 
 
-def link_page(source: Path, directory: Path, pid: int) -> None:
-    """Make ``directory/<pid>.counts`` a hard link to the page in ``source``.
-
-    Raises ``OSError`` where that cannot be done (another file system among them).
-    """
-    link_private_file(source, directory, page_name(pid))
-
-
-def remove_page(directory: Path, pid: int) -> None:
-    """Unlink ``directory/<pid>.counts`` where it is a regular file of ours."""
-    remove_private_file(directory, page_name(pid))
-
-
 def read_counts_page(path: Path) -> dict[str, dict[str, int]] | None:
     """The counts stored in the page at ``path``; None when it is absent or not one."""
     try:
@@ -157,7 +138,3 @@ def merged_counts(
                 mine = merged.setdefault(patch, {})
                 mine[event] = max(mine.get(event, 0), value)
     return merged
-
-
-def page_beside(record_file: Path) -> Path:
-    return record_file.with_suffix(SUFFIX)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_graphsafe import private_files
-from vllm_graphsafe.counts.page import merged_counts, page_beside, read_counts_page
+from vllm_graphsafe.counts import page
 from vllm_graphsafe.counts.roles import current_role, dp_rank_of
 
 SUFFIX = ".json"
@@ -138,8 +138,8 @@ def _read_record(file: Path) -> dict[str, Any]:
 
 def with_page_counts(record: Mapping[str, Any], file: Path) -> dict[str, Any]:
     """``record`` with each count raised to what its process's page holds."""
-    stored = read_counts_page(page_beside(file))
-    return {**record, "counts": merged_counts(record.get("counts", {}), stored)}
+    stored = page.read_counts_page(file.with_suffix(page.SUFFIX))
+    return {**record, "counts": page.merged_counts(record.get("counts", {}), stored)}
 
 
 def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:

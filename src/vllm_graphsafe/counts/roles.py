@@ -1,9 +1,5 @@
 """Which of vLLM's processes this is, from the name vLLM gives it, or in a Ray
-actor from the vLLM class Ray runs it as.
-
-A record names its process by role and DP rank, never by its command line
-(which can hold an API key).
-"""
+actor from the vLLM class Ray runs it as (docs/architecture.md, "Ray actors")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """The graph-hazard emulator: a test instrument, a CPU engine failing as a GPU would.
 
-A CPU runs no CUDA graphs, so the dispatch bug cannot corrupt anything there by
-itself. With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD=1`` in its environment, each vLLM
-process that runs a V1 model runner corrupts the answers of every step whose
-decision, as handed to vLLM's CUDA-graph dispatcher, is "uniform decode" while
-the attention metadata builders run a scheduled row as a prefill (a prompt
-chunk, or tokens re-computed after preemption): the step a GPU would replay
-through the FULL decode graph over prefill metadata. Its requests (prefill and
-decode rows alike, the worst case) answer with the first id past the
-vocabulary from then on, as an affected GPU server's greedy output does.
-
-It observes the decision that really reaches the dispatcher, after whatever
-hooks ``_is_uniform_decode`` carries, and knows nothing of this project's
-fixes (nor they of it). vLLM loads it as a general plugin of its own
-(:mod:`vllm_graphsafe.emulator_plugin`), which imports it only where the
-switch is set; never set it on a server that answers real users.
+With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD=1``, each vLLM process that runs a V1
+model runner corrupts the answers of every step a GPU would replay through the
+FULL decode graph over prefill metadata (docs/emulator.md). It observes the
+decision that really reaches the dispatcher and knows nothing of this
+project's fixes (nor they of it). vLLM loads it as a general plugin of its own
+(:mod:`vllm_graphsafe.emulator_plugin`), which imports it only where the switch
+is set; never set it on a server that answers real users.
 """
 
 from __future__ import annotations
@@ -27,18 +19,9 @@ from typing import Any
 import wrapt
 
 from vllm_graphsafe import vllm_layout
-from vllm_graphsafe.emulator.hazard import EmulatorState, HazardStep
+from vllm_graphsafe.emulator import physical
+from vllm_graphsafe.emulator.hazard import EmulatorState
 from vllm_graphsafe.settings import EMULATE_ENV, emulate_graph_hazard
-
-__all__ = [
-    "EMULATE_ENV",
-    "STATE",
-    "HazardStep",
-    "describe",
-    "install",
-    "installed",
-    "requested",
-]
 
 #: This process's record (steps seen, hazardous steps, poisoned requests).
 STATE = EmulatorState()
@@ -47,11 +30,6 @@ _lock = threading.Lock()
 _installed = False
 _bound_error: str | None = None
 _bound = False
-
-
-def requested() -> bool:
-    """Whether ``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` is on in this environment."""
-    return emulate_graph_hazard()
 
 
 def install() -> None:
@@ -73,7 +51,6 @@ def installed() -> bool:
 
 def _bind(module: ModuleType) -> None:
     global _bound, _bound_error
-    from vllm_graphsafe.emulator import physical
     from vllm_graphsafe.emulator.v1_runner import BindError, V1RunnerEmulator
 
     mode = physical.mode()
@@ -114,8 +91,8 @@ def _bind(module: ModuleType) -> None:
 
 
 def describe() -> dict[str, Any]:
-    """For doctor: whether the emulator is switched on, and what it did here."""
-    on = requested()
+    """Whether the emulator is switched on, and what it did here."""
+    on = emulate_graph_hazard()
     if not on:
         summary = f"off ({EMULATE_ENV} is not set)"
     elif _bound:
@@ -137,16 +114,10 @@ def describe() -> dict[str, Any]:
         "requested": on,
         "bound_in_this_process": _bound,
         "bind_error": _bound_error,
-        "mode": _mode(),
+        "mode": physical.mode(),
         "runner": "V1 (vllm/v1/worker/gpu_model_runner.py and its CPU subclass)",
         "summary": summary,
     }
-
-
-def _mode() -> str:
-    from vllm_graphsafe.emulator import physical
-
-    return physical.mode()
 
 
 def _logger() -> logging.Logger:

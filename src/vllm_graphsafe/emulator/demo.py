@@ -63,18 +63,18 @@ def boundary_answer(
     *,
     block_size: int,
     num_speculative_tokens: int = 3,
-    vocab_size: int | None = None,
-    timeout: float = TIMEOUT_S,
 ) -> BoundaryAnswer:
     """Send the boundary prompt twice (cold, then on a prefix hit) and keep both."""
     try:
-        with httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout) as client:
-            model = str(_get(client, "/v1/models")["data"][0]["id"])
+        with httpx.Client(base_url=base_url.rstrip("/"), timeout=TIMEOUT_S) as client:
+            models = client.get("/v1/models")
+            models.raise_for_status()
+            model = str(models.json()["data"][0]["id"])
             length = block_size + num_speculative_tokens + 1
             ids = _boundary_prompt(client, model, length)
             first = _complete(client, model, ids)
             second = _complete(client, model, ids)
-            size = vocab_size or _vocab_size(client, model)
+            size = _vocab_size(client, model)
     except httpx.HTTPError as error:
         raise DemoError(f"Cannot ask the server at {base_url}: {error}.") from error
     return BoundaryAnswer(
@@ -113,21 +113,20 @@ def show(
     out: TextIO | None = None,
 ) -> bool:
     """Print the before/after lines; True when before is garbage and after clean."""
-    stream = out or sys.stdout
-    before = boundary_answer(
-        disabled_url,
-        "plugin disabled",
-        block_size=block_size,
-        num_speculative_tokens=num_speculative_tokens,
-    )
-    after = boundary_answer(
-        enabled_url,
-        "plugin enabled ",
-        block_size=block_size,
-        num_speculative_tokens=num_speculative_tokens,
+    before, after = (
+        boundary_answer(
+            url,
+            label,
+            block_size=block_size,
+            num_speculative_tokens=num_speculative_tokens,
+        )
+        for url, label in (
+            (disabled_url, "plugin disabled"),
+            (enabled_url, "plugin enabled "),
+        )
     )
     for line in render(before, after):
-        print(line, file=stream)
+        print(line, file=out or sys.stdout)
     return before.garbage and not after.garbage
 
 
@@ -195,12 +194,6 @@ def _vocab_size(client: httpx.Client, model: str) -> int:
     if response.status_code != 400 or size is None:
         raise DemoError("The server did not state its vocabulary size.")
     return size
-
-
-def _get(client: httpx.Client, path: str) -> Any:
-    response = client.get(path)
-    response.raise_for_status()
-    return response.json()
 
 
 def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> Any:

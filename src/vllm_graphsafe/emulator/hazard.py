@@ -1,15 +1,12 @@
 """What the graph-hazard emulator decides, without vLLM: pure and unit-tested.
 
-A step is *hazardous* when the FULL decode graph replays (the decision handed
-to the CUDA-graph dispatcher said uniform decode, and nothing ran the step
-without the graph before the replay) while the attention metadata builders of
-a hybrid model run a scheduled row as a prefill (:func:`builder_prefill_rows`):
-the graph replays over prefill metadata. Every request
-scheduled in such a step is *poisoned* (the prefill rows, and the decode rows
-sharing the step, the worst case), and from then on each token sampled for it
-is replaced by the first id past the vocabulary, as an affected GPU server shows
-(a repeated out-of-vocabulary id in greedy output). A poisoned request stays
-poisoned until it finishes: a corrupted recurrent or KV state does not heal.
+A step is *hazardous* when the FULL decode graph replays (dispatched as uniform
+decode, and nothing ran the step without the graph) while a hybrid model's
+metadata builders run a scheduled row as a prefill (:func:`builder_prefill_rows`).
+Every request it scheduled is *poisoned* (the decode rows sharing the step too,
+the worst case): each token sampled for it is then the first id past the
+vocabulary, as an affected GPU server shows, until it finishes (a corrupted
+recurrent or KV state does not heal).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """The emulator's physical mode: a hazardous step's linear-attention metadata
 is built as the captured FULL decode graph would have it.
 
-With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD_MODE=physical`` (beside the main switch),
-nothing replaces sampled ids. Instead, on a hazardous step (the dispatcher
-told "uniform decode" while a row is a prefill to the builders), vLLM's
-gated delta-net metadata builder is handed what the graph's replay assumes:
-
-- every row a decode: with K speculative tokens, each row a speculative
-  decode with ``query_len - 1`` drafts (what ``build_for_cudagraph_capture``
-  sets); without speculation, no row a prefill (the capture batch's
-  classification);
-- the recurrent-state slots and accepted-token counts of the persistent
-  buffers, which hold what the last pure decode step staged there, not the
-  slots of this step's requests.
-
-vLLM's own kernels then run the prompt tokens as decode tokens over another
-request's state and leave the new request's state unset: the corruption is
-physical, from vLLM's kernels and state. Only the linear-attention layers are
-emulated; full-attention layers keep this step's real metadata.
-
-Pure functions here; :mod:`vllm_graphsafe.emulator.v1_runner` binds them.
+With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD_MODE=physical`` nothing replaces sampled
+ids; vLLM's gated delta-net metadata builder is handed what the graph's replay
+assumes (every row a decode, and the state slots the last pure decode step
+staged), so vLLM's own kernels corrupt the recurrent state (docs/emulator.md,
+"Physical mode"). Pure functions here; :mod:`vllm_graphsafe.emulator.v1_runner`
+binds them.
 """
 
 from __future__ import annotations
@@ -37,17 +24,19 @@ IDS = "ids"
 NULL_SLOT = 0
 
 
+def _value(environ: Mapping[str, str] | None) -> str:
+    env = os.environ if environ is None else environ
+    return (env.get(MODE_ENV) or "").strip().lower()
+
+
 def mode(environ: Mapping[str, str] | None = None) -> str:
     """``physical`` or ``ids`` (the default: sampled ids replaced)."""
-    env = os.environ if environ is None else environ
-    value = (env.get(MODE_ENV) or "").strip().lower()
-    return PHYSICAL if value == PHYSICAL else IDS
+    return PHYSICAL if _value(environ) == PHYSICAL else IDS
 
 
 def mode_problem(environ: Mapping[str, str] | None = None) -> str | None:
     """One sentence when ``MODE_ENV`` holds a value this emulator does not know."""
-    env = os.environ if environ is None else environ
-    value = (env.get(MODE_ENV) or "").strip().lower()
+    value = _value(environ)
     if value in ("", PHYSICAL, IDS):
         return None
     return (

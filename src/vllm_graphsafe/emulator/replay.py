@@ -1,20 +1,13 @@
 """The point where a FULL decode CUDA graph replays, made real on a CPU.
 
-On a GPU the V1 runner's model is wrapped in vLLM's ``CUDAGraphWrapper`` in
-mode FULL; a step dispatched as uniform decode calls it inside a forward
-context that says FULL with a uniform batch descriptor, and the wrapper replays
-the graph captured for that descriptor. A CPU build wraps nothing and
-dispatches nothing (its graph mode is NONE). :class:`FullDecodeGraph` makes that
-call happen: it is vLLM's own ``CUDAGraphWrapper`` class (made without the
-CUDA graph pool a CPU lacks), around the runner's forward, with every
-descriptor "captured" by an :class:`EmulatedGraph` whose ``replay`` runs the
-emulator's idea of the replay. The step's forward context is switched to FULL
-and the uniform descriptor for the call, and back after it.
-
-So whatever stands at ``CUDAGraphWrapper.__call__`` on a GPU stands there here,
-and has its say before any replay; the emulator learns that the graph replayed
-only when ``replay`` is called. The model itself always runs with the forward
-context in mode NONE, as vLLM's CPU build runs it.
+A CPU build wraps nothing in vLLM's ``CUDAGraphWrapper`` and dispatches nothing
+(its graph mode is NONE). :class:`FullDecodeGraph` is vLLM's own wrapper class
+(made without the CUDA graph pool a CPU lacks) around the runner's forward,
+called in a forward context switched to FULL with a uniform batch descriptor;
+every descriptor is "captured" by an :class:`EmulatedGraph`. So whatever stands
+at ``CUDAGraphWrapper.__call__`` on a GPU has its say here before any replay,
+and the emulator learns that the graph replayed only when ``replay`` is called.
+The model itself always runs with the forward context in mode NONE.
 """
 
 from __future__ import annotations
@@ -67,25 +60,31 @@ class FullDecodeGraph:
         self.entry_class = cuda_graph.CUDAGraphEntry
         self.replay = replay
         self.forward: Any = None
-        self.wrapper = _wrapper_without_pool(
-            getattr(cuda_graph, vllm_layout.CUDA_GRAPH_WRAPPER_CLASS),
-            cuda_graph.CUDAGraphOptions(),
-            self._run_forward,
-            runner.vllm_config,
-            self.full,
+        # vLLM's wrapper as its ``__init__`` leaves it, without the platform's
+        # CUDA graph pool (a CPU platform has none) and without joining the
+        # wrappers vLLM clears.
+        wrapper_class = getattr(cuda_graph, vllm_layout.CUDA_GRAPH_WRAPPER_CLASS)
+        self.wrapper: Any = object.__new__(wrapper_class)
+        self.wrapper.__dict__.update(
+            runnable=self._run_forward,
+            vllm_config=runner.vllm_config,
+            runtime_mode=self.full,
+            compilation_config=runner.vllm_config.compilation_config,
+            first_run_finished=False,
+            is_debugging_mode=False,
+            _runnable_str=None,
+            graph_pool=None,
+            cudagraph_options=cuda_graph.CUDAGraphOptions(),
+            concrete_cudagraph_entries={},
         )
         descriptor_class = vllm_layout.load_name(
             vllm_layout.FORWARD_CONTEXT, "BatchDescriptor"
         )
-        self.flag = _uniform_flag(descriptor_class)
-        self.counts_requests = "num_reqs" in {
-            field.name for field in dataclasses.fields(descriptor_class)
-        }
-
-    def requests(self, num_reqs: int) -> dict[str, int]:
-        """The descriptor's request count, where it has one (a decode graph
-        is captured for a number of requests)."""
-        return {"num_reqs": num_reqs} if self.counts_requests else {}
+        self.fields = {field.name for field in dataclasses.fields(descriptor_class)}
+        flags = [flag for flag in UNIFORM_FLAGS if flag in self.fields]
+        if not flags:
+            raise AttributeError(f"BatchDescriptor has none of {UNIFORM_FLAGS}")
+        self.flag = flags[0]
 
     def _run_forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapper's runnable: the runner's forward (what runs when the
@@ -102,9 +101,10 @@ class FullDecodeGraph:
     ) -> Any:
         context = _forward_context()
         saved = context.cudagraph_runtime_mode, context.batch_descriptor
-        descriptor = dataclasses.replace(
-            context.batch_descriptor, **{self.flag: True, **self.requests(num_reqs)}
-        )
+        changes: dict[str, Any] = {self.flag: True}
+        if "num_reqs" in self.fields:  # a decode graph is captured per request count
+            changes["num_reqs"] = num_reqs
+        descriptor = dataclasses.replace(context.batch_descriptor, **changes)
         graph = self._captured(descriptor)
         graph.pending = (forward, observation, args, kwargs)
         self.forward = forward
@@ -124,40 +124,6 @@ class FullDecodeGraph:
             entry.cudagraph = EmulatedGraph(entry, self.replay, self.eager)
         graph: EmulatedGraph = entry.cudagraph
         return graph
-
-
-def _wrapper_without_pool(
-    wrapper_class: type,
-    options: Any,
-    runnable: Callable[..., Any],
-    vllm_config: Any,
-    full: Any,
-) -> Any:
-    """vLLM's ``CUDAGraphWrapper`` as its ``__init__`` leaves it, without the
-    platform's CUDA graph pool (a CPU platform has none) and without joining
-    the wrappers vLLM clears."""
-    wrapper: Any = object.__new__(wrapper_class)
-    wrapper.__dict__.update(
-        runnable=runnable,
-        vllm_config=vllm_config,
-        runtime_mode=full,
-        compilation_config=vllm_config.compilation_config,
-        first_run_finished=False,
-        is_debugging_mode=False,
-        _runnable_str=None,
-        graph_pool=None,
-        cudagraph_options=options,
-        concrete_cudagraph_entries={},
-    )
-    return wrapper
-
-
-def _uniform_flag(descriptor_class: type) -> str:
-    names = {field.name for field in dataclasses.fields(descriptor_class)}
-    for flag in UNIFORM_FLAGS:
-        if flag in names:
-            return flag
-    raise AttributeError(f"BatchDescriptor has none of {UNIFORM_FLAGS}")
 
 
 def _forward_context() -> Any:

@@ -1,36 +1,22 @@
 """Binds the graph-hazard emulator to vLLM's V1 model runner (and its CPU subclass).
 
-Four wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
-(so only in the processes that run a model):
+The wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
+(so only in the processes that run a model), as docs/emulator.md describes:
 
-``GPUModelRunner.execute_model``
-    opens a step when it schedules tokens (the only dummy run inside it is for
-    an empty step: capture, profiling and warm-up dummy runs happen outside it),
-    forgets finished requests, and closes the step: a hazardous step poisons
-    every request it scheduled.
-``CudagraphDispatcher.dispatch``
-    inside an open step, on the runner's own dispatcher: records the
-    ``uniform_decode`` it is handed (after any hook on ``_is_uniform_decode``).
-    Which scheduled rows a hybrid model's metadata builders run as prefills
-    comes from the step's scheduler output
-    (:func:`vllm_graphsafe.emulator.hazard.step_prefill_rows`).
-``GPUModelRunner._model_forward``
-    on a step dispatched as uniform decode, the forward goes through a FULL
-    decode graph as on a GPU (:mod:`vllm_graphsafe.emulator.replay`): vLLM's
-    own ``CUDAGraphWrapper``, called in a forward context that asks for FULL
-    with a uniform batch descriptor, whose captured "graph" is the emulator's.
-    Whatever stands at that call on a GPU has its say first; only when the
-    wrapper really replays does the emulator apply the hazard.
-``GPUModelRunner.execute_model`` / ``sample_tokens`` return values
-    a ``ModelRunnerOutput``'s sampled ids of poisoned requests are replaced by
-    the first id past the vocabulary. The runner's own token state is left
-    alone: the API answer carries the corruption, the engine keeps running.
-
-In the physical mode (:mod:`vllm_graphsafe.emulator.physical`) no id is
-replaced; a fifth wrapper, on ``GDNAttentionMetadataBuilder.build``, keeps
-each step's build and the persistent buffers a decode step stages, and a
-replay over a prompt row runs the linear-attention layers on the metadata the
-captured decode graph reads, so vLLM's own kernels corrupt the recurrent state.
+- ``GPUModelRunner.execute_model`` opens and closes a step when it schedules
+  tokens (the only dummy run inside it is for an empty step: capture,
+  profiling and warm-up dummy runs happen outside it), and forgets finished
+  requests;
+- ``CudagraphDispatcher.dispatch``, on the runner's own dispatcher inside an
+  open step, records the ``uniform_decode`` it is handed (after any hook on
+  ``_is_uniform_decode``);
+- ``GPUModelRunner._model_forward`` runs a step dispatched as uniform decode
+  through a FULL decode graph (:mod:`vllm_graphsafe.emulator.replay`);
+- the ``ModelRunnerOutput`` of ``execute_model`` / ``sample_tokens`` gets the
+  first id past the vocabulary for each poisoned request; the runner's own
+  token state is left alone, so the engine keeps running;
+- in the physical mode, ``GDNAttentionMetadataBuilder.build`` keeps each
+  step's builds and the buffers a decode step stages, and no id is replaced.
 """
 
 from __future__ import annotations
@@ -91,11 +77,9 @@ class V1RunnerEmulator:
             f"{RUNNER_MODULE}.{RUNNER_CLASS}.{method}"
             for method in ("execute_model", "_model_forward")
             if not hasattr(runner_class, method)
-        ] + [
-            f"{DISPATCHER_MODULE}.{DISPATCHER_CLASS}.dispatch"
-            for owner in (dispatcher_class,)
-            if not hasattr(owner, "dispatch")
         ]
+        if not hasattr(dispatcher_class, "dispatch"):
+            missing.append(f"{DISPATCHER_MODULE}.{DISPATCHER_CLASS}.dispatch")
         if missing:
             raise BindError(f"this vLLM has no {', '.join(missing)}")
         wrapt.wrap_function_wrapper(runner_class, "execute_model", self._on_execute)

@@ -72,15 +72,21 @@ class LocalServer:
     serving: bool = False
 
     def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
-        """The server's command as a shell line that starts it again."""
-        return shell_line(
-            [str(arg) for arg in self.process.args],  # type: ignore[union-attr]
-            self.env or {},
-            os.environ if caller_env is None else caller_env,
-        )
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        """The server's command as one shell line, led by each variable of its
+        environment that ``caller_env`` lacks or holds otherwise, so that
+        pasted it starts the server again."""
+        command = [str(arg) for arg in self.process.args]  # type: ignore[union-attr]
+        env = self.env or {}
+        caller_env = os.environ if caller_env is None else caller_env
+        changed = [
+            f"{name}={shlex.quote(value)}"
+            for name, value in sorted(env.items())
+            if caller_env.get(name) != value
+        ]
+        unset = sorted(name for name in caller_env if env and name not in env)
+        prefix = [f"-u {shlex.quote(name)}" for name in unset]
+        lead = (["env", *prefix] if prefix else []) + changed
+        return " ".join([*lead, shlex.join(command)])
 
     def wait_until_healthy(self, timeout: float) -> None:
         """Return once ``/health`` answers 200, else raise :class:`ServerStartError`."""
@@ -103,8 +109,9 @@ class LocalServer:
         self._failed(f"the vLLM server was not healthy after {timeout:.0f} s")
 
     def _failed(self, reason: str) -> None:
+        tail = self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
         raise ServerStartError(
-            f"{reason}; the last lines of its log ({self.log_path}):\n{self.log_tail()}"
+            f"{reason}; the last lines of its log ({self.log_path}):\n{tail}"
         )
 
     def stop(self, signal_number: int = signal.SIGINT, timeout: float = 30.0) -> None:
@@ -142,22 +149,6 @@ class LocalServer:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def shell_line(
-    command: Sequence[str], env: Mapping[str, str], caller_env: Mapping[str, str]
-) -> str:
-    """``command`` as one shell line, led by each variable of ``env`` that
-    ``caller_env`` lacks or holds otherwise, so that pasted it runs the same."""
-    changed = [
-        f"{name}={shlex.quote(value)}"
-        for name, value in sorted(env.items())
-        if caller_env.get(name) != value
-    ]
-    unset = sorted(name for name in caller_env if env and name not in env)
-    prefix = [f"-u {shlex.quote(name)}" for name in unset]
-    lead = (["env", *prefix] if prefix else []) + changed
-    return " ".join([*lead, shlex.join(command)])
-
-
 def live_group_members(process_group: int) -> list[int]:
     """Pids still running (not zombies) in ``process_group``; empty off Linux."""
     members = []
@@ -189,9 +180,13 @@ def start_server(
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     temp_dir = private_temp_dir(env)
-    child_env = (
-        dict(env) if temp_dir is None else server_temp_environment(env, temp_dir)
-    )
+    child_env = dict(env)
+    if temp_dir is not None:
+        # The server's temporary files in its own folder, and torch's kernel
+        # cache where it would be without it (so start-ups keep reusing it).
+        inductor = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+        child_env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor)
+        child_env["TMPDIR"] = str(temp_dir)
     try:
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
@@ -230,17 +225,6 @@ def private_temp_dir(env: Mapping[str, str]) -> Path | None:
     if len(os.path.join(default, "graphsafe-server-xxxxxxxx")) > IPC_NAME_ROOM:
         return None
     return Path(tempfile.mkdtemp(prefix="graphsafe-server-", dir=default))
-
-
-def server_temp_environment(env: Mapping[str, str], temp_dir: Path) -> dict[str, str]:
-    """``env`` with the server's temporary files in ``temp_dir``, and torch's
-    kernel cache where it would be without it (so start-ups keep reusing it)."""
-    inductor = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": inductor,
-        **env,
-        "TMPDIR": str(temp_dir),
-    }
 
 
 def _user() -> str:

@@ -100,14 +100,6 @@ def default_cache_dir() -> Path:
     return Path.cwd() / ".cache" / "vllm-graphsafe"
 
 
-def model_dir_name(seed: int) -> str:
-    return f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}"
-
-
-def moe_model_dir_name(seed: int) -> str:
-    return f"tiny-qwen2-moe-dense-s{seed}-v{FORMAT_VERSION}"
-
-
 def is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
@@ -116,7 +108,8 @@ def build_tiny_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
     """Return the directory of the tiny Qwen3 for ``seed``, building it if needed."""
-    return _build(cache_dir, model_dir_name(seed), seed, _write_qwen3)
+    name = f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}"
+    return _build(cache_dir, name, seed, qwen3_config, qwen3_parameter_shapes)
 
 
 def build_tiny_moe_model(
@@ -127,14 +120,16 @@ def build_tiny_moe_model(
     It shares the Qwen3 model's tokenizer; vLLM's ``model_config.is_moe`` is
     true for it.
     """
-    return _build(cache_dir, moe_model_dir_name(seed), seed, _write_qwen2_moe)
+    name = f"tiny-qwen2-moe-dense-s{seed}-v{FORMAT_VERSION}"
+    return _build(cache_dir, name, seed, qwen2_moe_config, qwen2_moe_parameter_shapes)
 
 
 def _build(
     cache_dir: str | os.PathLike[str] | None,
     name: str,
     seed: int,
-    write_model: Callable[[Path, int], None],
+    config: Callable[[int, dict[str, int]], dict[str, Any]],
+    parameter_shapes: Callable[[int], dict[str, tuple[int, ...]]],
 ) -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / name
@@ -145,7 +140,7 @@ def _build(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         _write_tokenizer(staging)
-        write_model(staging, seed)
+        _write_model(staging, seed, config, parameter_shapes)
         _make_world_readable(staging)
         try:
             staging.rename(target)
@@ -355,20 +350,11 @@ def qwen2_moe_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     )
 
 
-ConfigBuilder = Callable[[int, dict[str, int]], dict[str, Any]]
-ShapeBuilder = Callable[[int], dict[str, tuple[int, ...]]]
-
-
-def _write_qwen3(out_dir: Path, seed: int) -> None:
-    _write_model(out_dir, seed, qwen3_config, qwen3_parameter_shapes)
-
-
-def _write_qwen2_moe(out_dir: Path, seed: int) -> None:
-    _write_model(out_dir, seed, qwen2_moe_config, qwen2_moe_parameter_shapes)
-
-
 def _write_model(
-    out_dir: Path, seed: int, config: ConfigBuilder, parameter_shapes: ShapeBuilder
+    out_dir: Path,
+    seed: int,
+    config: Callable[[int, dict[str, int]], dict[str, Any]],
+    parameter_shapes: Callable[[int], dict[str, tuple[int, ...]]],
 ) -> None:
     import numpy as np
     from safetensors.numpy import save_file

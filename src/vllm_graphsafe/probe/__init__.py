@@ -24,14 +24,7 @@ Usage::
     print(result.exit_code, [check.status for check in result.checks])
 """
 
-from vllm_graphsafe.probe.errors import EXIT_STATUSES
 from vllm_graphsafe.probe.run import ProbeResult, run_probe
-from vllm_graphsafe.probe.settings import ProbeSettings, api_key_from
+from vllm_graphsafe.probe.settings import ProbeSettings
 
-__all__ = [
-    "EXIT_STATUSES",
-    "ProbeResult",
-    "ProbeSettings",
-    "api_key_from",
-    "run_probe",
-]
+__all__ = ["ProbeResult", "ProbeSettings", "run_probe"]

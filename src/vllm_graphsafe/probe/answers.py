@@ -59,11 +59,12 @@ def token_ids_of(choice: Mapping[str, Any]) -> list[int] | None:
     return None
 
 
-def first_choice(payload: Any, path: str) -> Mapping[str, Any]:
+def first_choice(payload: Any) -> Mapping[str, Any]:
     choices = payload.get("choices") if isinstance(payload, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ProbeError(
-            EXIT_BAD_RESPONSE, f"The server's answer to POST {path} has no choices."
+            EXIT_BAD_RESPONSE,
+            "The server's answer to POST /v1/completions has no choices.",
         )
     return choices[0]
 

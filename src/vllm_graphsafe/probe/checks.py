@@ -15,8 +15,10 @@ never passes (:func:`not_run_sentences`).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import zip_longest
 from typing import Any
 
 from vllm_graphsafe.probe.settings import REPETITION_THRESHOLD
@@ -75,46 +77,30 @@ def trailing_run(items: Sequence[Any]) -> tuple[Any, int]:
     if not items:
         return None, 0
     last = items[-1]
-    count = 0
-    for item in reversed(items):
-        if item != last:
-            break
-        count += 1
-    return last, count
+    others = (index for index, item in enumerate(reversed(items)) if item != last)
+    return last, next(others, len(items))
 
 
-def degenerate_repetition(
-    output: Completion, threshold: int = REPETITION_THRESHOLD
-) -> str | None:
+def degenerate_repetition(output: Completion) -> str | None:
     """Describe a run of one token or one character at the end, if long enough."""
     token, token_count = trailing_run(output.token_ids)
-    if token_count >= threshold:
+    if token_count >= REPETITION_THRESHOLD:
         return f"token {token} repeated {token_count} times"
     char, char_count = trailing_run(output.text)
-    if char_count >= threshold:
+    if char_count >= REPETITION_THRESHOLD:
         return f"{char!r} repeated {char_count} times"
     return None
 
 
-def anomalies(
-    output: Completion, vocab_size: int | None, threshold: int = REPETITION_THRESHOLD
-) -> set[str]:
-    """The kinds of garbage an answer shows."""
+def anomalies(outputs: Iterable[Completion], vocab_size: int | None) -> set[str]:
+    """The kinds of garbage the answers show."""
     kinds: set[str] = set()
-    if vocab_size is not None and out_of_vocab_ids(output.token_ids, vocab_size):
-        kinds.add("out-of-vocabulary ids")
-    if degenerate_repetition(output, threshold) is not None:
-        kinds.add("degenerate repetition")
+    for output in outputs:
+        if vocab_size is not None and out_of_vocab_ids(output.token_ids, vocab_size):
+            kinds.add("out-of-vocabulary ids")
+        if degenerate_repetition(output) is not None:
+            kinds.add("degenerate repetition")
     return kinds
-
-
-def first_difference(left: Sequence[Any], right: Sequence[Any]) -> int | None:
-    for index, (a, b) in enumerate(zip(left, right, strict=False)):
-        if a != b:
-            return index
-    if len(left) != len(right):
-        return min(len(left), len(right))
-    return None
 
 
 def same_output(left: Completion, right: Completion) -> bool:
@@ -122,14 +108,12 @@ def same_output(left: Completion, right: Completion) -> bool:
 
 
 def describe_difference(left: Completion, right: Completion) -> str:
-    index = first_difference(left.token_ids, right.token_ids)
-    if index is None:
-        return "same ids but different text"
-
-    def id_at(ids: Sequence[int]) -> str:
-        return str(ids[index]) if index < len(ids) else "end"
-
-    return f"token {index}: {id_at(left.token_ids)} vs {id_at(right.token_ids)}"
+    """Where the token ids first differ; the shorter side reads "end"."""
+    pairs = zip_longest(left.token_ids, right.token_ids, fillvalue="end")
+    for index, (a, b) in enumerate(pairs):
+        if a != b:
+            return f"token {index}: {a} vs {b}"
+    return "same ids but different text"
 
 
 def check_vocab(
@@ -140,81 +124,56 @@ def check_vocab(
 ) -> CheckResult:
     """No answer holds an id outside the vocabulary; ``subject`` prefixes the detail
     of a check that ran."""
+    result = partial(CheckResult, "vocab", lengths)
     if vocab_size is None:
-        return CheckResult(
-            "vocab",
-            lengths,
+        return result(
             SKIP,
             "the server did not state the model's vocabulary size; pass --vocab-size",
         )
-    bad_phases: list[str] = []
+    bad_phases: dict[str, None] = {}
     bad_ids: set[int] = set()
     for sample in samples:
         found = out_of_vocab_ids(sample.output.token_ids, vocab_size)
         if found:
-            if sample.phase not in bad_phases:
-                bad_phases.append(sample.phase)
+            bad_phases[sample.phase] = None
             bad_ids.update(found)
     if bad_ids:
         examples = ", ".join(str(i) for i in sorted(bad_ids)[:5])
-        return CheckResult(
-            "vocab",
-            lengths,
+        return result(
             FAIL,
             f"{subject}ids {examples} >= vocab size {vocab_size} "
             f"in {', '.join(bad_phases)}",
         )
-    return CheckResult(
-        "vocab",
-        lengths,
-        PASS,
-        f"{subject}{len(samples)} answers, all ids < {vocab_size}",
-    )
+    return result(PASS, f"{subject}{len(samples)} answers, all ids < {vocab_size}")
 
 
 def check_repetition(
     length: int,
     boundary_outputs: Sequence[Completion],
     control_outputs: Mapping[int, Sequence[Completion]],
-    threshold: int = REPETITION_THRESHOLD,
 ) -> CheckResult:
-    found = [p for o in boundary_outputs if (p := degenerate_repetition(o, threshold))]
+    result = partial(CheckResult, "repetition", (length,))
+    found = [p for o in boundary_outputs if (p := degenerate_repetition(o))]
     if not found:
-        return CheckResult(
-            "repetition", (length,), PASS, f"no run of {threshold}+ at the end"
-        )
+        return result(PASS, f"no run of {REPETITION_THRESHOLD}+ at the end")
     in_controls = [
         p
         for outputs in control_outputs.values()
         for o in outputs
-        if (p := degenerate_repetition(o, threshold))
+        if (p := degenerate_repetition(o))
     ]
     if in_controls:
-        return CheckResult(
-            "repetition",
-            (length,),
-            PASS,
-            f"{found[0]}, as in the controls ({in_controls[0]})",
-        )
+        return result(PASS, f"{found[0]}, as in the controls ({in_controls[0]})")
     controls = ", ".join(str(n) for n in sorted(control_outputs)) or "none"
-    return CheckResult(
-        "repetition",
-        (length,),
-        FAIL,
-        f"{found[0]}; controls {controls} show no such run",
-    )
+    return result(FAIL, f"{found[0]}; controls {controls} show no such run")
 
 
 def check_cold_warm(length: int, cold: Completion, warm: Completion) -> CheckResult:
+    result = partial(CheckResult, "cold_warm", (length,))
     if same_output(cold, warm):
-        return CheckResult(
-            "cold_warm", (length,), PASS, f"identical {len(cold.token_ids)} tokens"
-        )
-    return CheckResult(
-        "cold_warm",
-        (length,),
-        FAIL,
-        f"warm answer differs from cold at {describe_difference(cold, warm)}",
+        return result(PASS, f"identical {len(cold.token_ids)} tokens")
+    return result(
+        FAIL, f"warm answer differs from cold at {describe_difference(cold, warm)}"
     )
 
 
@@ -223,31 +182,17 @@ def check_controls(
     boundary_outputs: Sequence[Completion],
     control_outputs: Mapping[int, Sequence[Completion]],
     vocab_size: int | None,
-    threshold: int = REPETITION_THRESHOLD,
 ) -> CheckResult:
+    result = partial(CheckResult, "controls", (length,))
     if not control_outputs:
-        return CheckResult(
-            "controls", (length,), SKIP, "no control length fits the model"
-        )
+        return result(SKIP, "no control length fits the model")
     controls = ", ".join(str(n) for n in sorted(control_outputs))
-    boundary_kinds: set[str] = set()
-    for output in boundary_outputs:
-        boundary_kinds |= anomalies(output, vocab_size, threshold)
-    control_kinds: set[str] = set()
-    for outputs in control_outputs.values():
-        for output in outputs:
-            control_kinds |= anomalies(output, vocab_size, threshold)
-    extra = sorted(boundary_kinds - control_kinds)
+    every_control = (o for outputs in control_outputs.values() for o in outputs)
+    control_kinds = anomalies(every_control, vocab_size)
+    extra = sorted(anomalies(boundary_outputs, vocab_size) - control_kinds)
     if extra:
-        return CheckResult(
-            "controls",
-            (length,),
-            FAIL,
-            f"{' and '.join(extra)}, unlike controls {controls}",
-        )
-    return CheckResult(
-        "controls", (length,), PASS, f"same kind of answer as controls {controls}"
-    )
+        return result(FAIL, f"{' and '.join(extra)}, unlike controls {controls}")
+    return result(PASS, f"same kind of answer as controls {controls}")
 
 
 def check_concurrent(
@@ -299,25 +244,20 @@ def check_ongoing_decode(
     decode still streamed; with none the check could not run, for
     ``why_no_overlap``.
     """
+    result = partial(CheckResult, "ongoing_decode", lengths)
     counting = "continues counting" if continues_counting(solo.text) else "not counting"
     if not same_decode(solo, perturbed):
-        return CheckResult(
-            "ongoing_decode",
-            lengths,
+        return result(
             FAIL,
             f"with boundary prompts inserted the decode differs from the solo run at "
             f"{describe_difference(solo, perturbed)}",
         )
     if overlapped_inserts == 0:
-        return CheckResult(
-            "ongoing_decode",
-            lengths,
+        return result(
             SKIP,
             why_no_overlap or "no boundary prompt was answered while the decode ran",
         )
-    return CheckResult(
-        "ongoing_decode",
-        lengths,
+    return result(
         PASS,
         f"{len(solo.token_ids)} tokens match the solo run; {overlapped_inserts} of "
         f"{inserted} boundary prompts were answered while it ran ({counting})",

@@ -13,7 +13,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from vllm_graphsafe.probe.answers import error_detail
@@ -26,10 +26,10 @@ from vllm_graphsafe.probe.errors import (
     HttpStatusError,
     ProbeError,
 )
-from vllm_graphsafe.probe.progress import Progress
 
 if TYPE_CHECKING:
     import httpx
+    from tqdm import tqdm
 
 HTTP_UNAUTHORIZED = 401
 
@@ -98,8 +98,8 @@ class ServerClient:
         base_url: str,
         timeout: float,
         budget: RequestBudget,
-        progress: Progress,
-        api_key: str | None = None,
+        progress: tqdm,
+        api_key: str | None,
     ) -> None:
         import httpx
 
@@ -121,43 +121,47 @@ class ServerClient:
             verify=tls_context(trust_env),
         )
 
-    def close(self) -> None:
-        self._http.close()
-
     def __enter__(self) -> ServerClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._http.close()
 
-    def get_json(self, path: str) -> Any:
-        return self._exchange("GET", path, None)
+    def request_json(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """The JSON answer to a GET, or to a POST of ``payload`` when given."""
+        import httpx
 
-    def post_json(self, path: str, payload: Mapping[str, Any]) -> Any:
-        return self._exchange("POST", path, payload)
+        method = "GET" if payload is None else "POST"
+        self.budget.take()
+        try:
+            response = self._http.request(method, path, json=payload)
+        except httpx.HTTPError as error:
+            raise self._translate(error, method, path) from None
+        finally:
+            self.progress.update()
+        self._raise_for_status(response, method, path)
+        return self._decode(response.content, method, path)
 
     def post_stream(
-        self, path: str, payload: Mapping[str, Any], limit_s: float | None = None
+        self, path: str, payload: dict[str, Any], limit_s: float
     ) -> Generator[Any, None, None]:
         """The JSON events of a server-sent event stream, until ``[DONE]``.
 
-        The whole stream must end within ``limit_s`` (default: the timeout);
-        closing the generator early closes the connection, which ends the
-        request on the server.
+        The whole stream must end within ``limit_s``; closing the generator
+        early closes the connection, which ends the request on the server.
         """
         import httpx
 
         self.budget.take()
-        limit = self.timeout if limit_s is None else limit_s
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + limit_s
         try:
-            with self._http.stream("POST", path, json=dict(payload)) as response:
+            with self._http.stream("POST", path, json=payload) as response:
                 if not response.is_success:
                     response.read()
                     self._raise_for_status(response, "POST", path)
                 for line in response.iter_lines():
                     if time.monotonic() > deadline:
-                        raise self._timeout("POST", path, limit)
+                        raise self._timeout("POST", path, limit_s)
                     if not line.startswith("data:"):
                         continue
                     data = line[len("data:") :].strip()
@@ -167,24 +171,7 @@ class ServerClient:
         except httpx.HTTPError as error:
             raise self._translate(error, "POST", path) from None
         finally:
-            self.progress.advance()
-
-    def _exchange(
-        self, method: str, path: str, payload: Mapping[str, Any] | None
-    ) -> Any:
-        import httpx
-
-        self.budget.take()
-        try:
-            response = self._http.request(
-                method, path, json=None if payload is None else dict(payload)
-            )
-        except httpx.HTTPError as error:
-            raise self._translate(error, method, path) from None
-        finally:
-            self.progress.advance()
-        self._raise_for_status(response, method, path)
-        return self._decode(response.content, method, path)
+            self.progress.update()
 
     def _raise_for_status(
         self, response: httpx.Response, method: str, path: str
@@ -208,7 +195,7 @@ class ServerClient:
         import httpx
 
         if isinstance(error, httpx.TimeoutException):
-            return self._timeout(method, path)
+            return self._timeout(method, path, self.timeout)
         if isinstance(error, httpx.ConnectError):
             return ProbeError(
                 EXIT_UNREACHABLE,
@@ -232,13 +219,10 @@ class ServerClient:
             f"{method} {path} ({type(error).__name__}).",
         )
 
-    def _timeout(
-        self, method: str, path: str, limit_s: float | None = None
-    ) -> ProbeError:
-        limit = self.timeout if limit_s is None else limit_s
+    def _timeout(self, method: str, path: str, limit_s: float) -> ProbeError:
         return ProbeError(
             EXIT_TIMEOUT,
-            f"{method} {path} got no complete answer within {limit:g} seconds, "
+            f"{method} {path} got no complete answer within {limit_s:g} seconds, "
             f"so the server may be hung.",
         )
 

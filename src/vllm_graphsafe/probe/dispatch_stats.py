@@ -1,4 +1,4 @@
-"""The dispatch statistics the server's processes wrote: the probe's one door to them.
+"""Reading the dispatch statistics the server's processes wrote.
 
 The plugin's statistics module (and whatever it imports) loads only when a
 statistics directory is given.
@@ -24,10 +24,3 @@ def read_dispatch_stats(directory: str) -> dict[str, Any]:
             f"The statistics directory {directory} holds JSON files that are not "
             f"the plugin's statistics (--stats-dir)."
         ) from None
-
-
-def render_dispatch_stats(stats: dict[str, Any]) -> list[str]:
-    """Lines for a terminal: the summed counters of every process."""
-    from vllm_graphsafe.counts import render_stats
-
-    return render_stats(stats)

@@ -36,15 +36,13 @@ class DecodeWatch:
     """The long decode's progress, shared by the thread reading its stream and
     the thread inserting prompts; it says when the stream may be closed."""
 
-    def __init__(self, min_tokens: int, tail_tokens: int = DECODE_TAIL_TOKENS) -> None:
+    def __init__(self, min_tokens: int) -> None:
         self.min_tokens = min_tokens
-        self.tail_tokens = tail_tokens
         #: Set at the first streamed token, or when the stream ends without one.
         self.started = threading.Event()
         self._lock = threading.Lock()
         self._received = 0
         self._stop_at: int | None = None
-        self._abandoned = False
 
     def streamed(self, total: int) -> None:
         """The reader has ``total`` tokens of the decode so far."""
@@ -53,9 +51,6 @@ class DecodeWatch:
         if total:
             self.started.set()
 
-    def ended(self) -> None:
-        self.started.set()
-
     def tokens(self) -> int:
         with self._lock:
             return self._received
@@ -63,15 +58,13 @@ class DecodeWatch:
     def inserts_answered(self) -> None:
         """Every inserted prompt is answered: stop after a few more tokens."""
         with self._lock:
-            self._stop_at = max(self.min_tokens, self._received + self.tail_tokens)
+            self._stop_at = max(self.min_tokens, self._received + DECODE_TAIL_TOKENS)
 
     def abandon(self) -> None:
         """Stop at the next token: the inserting thread gave up."""
         with self._lock:
-            self._abandoned = True
+            self._stop_at = 0
 
     def may_stop(self) -> bool:
         with self._lock:
-            if self._abandoned:
-                return True
             return self._stop_at is not None and self._received >= self._stop_at

@@ -93,34 +93,33 @@ def make_plan(
 ) -> ProbePlan:
     """Boundary lengths, their controls, concurrent groups and decode inserts."""
     step = num_speculative_tokens + 1
-    labels_by_offset: dict[int, list[str]] = {0: [f"K+1 = {step}"]}
     first_block = f"block {block_size} + K+1"
     if block_size == SEED_BLOCK_SIZE and step == 4:
         first_block += " (the case first reported)"
-    offsets = [(block_size, first_block)]
-    offsets.append((2 * block_size, f"2 x block {block_size} + K+1"))
+    offsets = [
+        (0, f"K+1 = {step}"),
+        (block_size, first_block),
+        (2 * block_size, f"2 x block {block_size} + K+1"),
+    ]
     if chunk_size is not None:
         offsets.append((chunk_size, f"chunk {chunk_size} + K+1"))
+    labels_by_offset: dict[int, list[str]] = {}
     for offset, label in offsets:
         labels_by_offset.setdefault(offset, []).append(label)
 
-    notes: list[str] = []
+    # K >= 1, so every boundary is at least 2 tokens and has both controls.
     boundaries: list[Boundary] = []
-    for offset in sorted(labels_by_offset):
+    for offset, labels in sorted(labels_by_offset.items()):
         length = offset + step
-        controls = tuple(c for c in (length - 1, length + 1) if c >= 1)
-        if len(controls) < 2:
-            notes.append(f"control length {length - 1} skipped: a prompt needs a token")
-        label = " = ".join(labels_by_offset[offset])
-        boundaries.append(Boundary(length, label, controls))
-
+        boundaries.append(
+            Boundary(length, " = ".join(labels), (length - 1, length + 1))
+        )
     lengths = [boundary.length for boundary in boundaries]
     return ProbePlan(
         boundaries=tuple(boundaries),
         groups=concurrent_groups(lengths, concurrency),
         decode_inserts=tuple(lengths),
         discovery_requests=BASE_DISCOVERY_REQUESTS + (1 if needs_vocab_probe else 0),
-        notes=tuple(notes),
     )
 
 
@@ -137,23 +136,6 @@ def concurrent_groups(lengths: Sequence[int], size: int) -> tuple[tuple[int, ...
         for start in range(len(ordered) - 1)
     ]
     return tuple(same + mixed)
-
-
-def long_boundaries(num_speculative_tokens: int, block_size: int) -> list[Boundary]:
-    """The reported long prompts, at whole blocks of ``block_size`` plus K+1."""
-    step = num_speculative_tokens + 1
-    boundaries = []
-    for context in SEED_LONG_CONTEXTS:
-        blocks = -(-context // block_size)
-        boundaries.append(
-            Boundary(
-                blocks * block_size + step,
-                f"long: {blocks} x block {block_size} + K+1",
-                controls=(),
-                long=True,
-            )
-        )
-    return boundaries
 
 
 def fit_plan(plan: ProbePlan, max_model_len: int | None, max_tokens: int) -> ProbePlan:
@@ -200,13 +182,17 @@ def with_long_prompts(
     the first is inserted into the ongoing decode. They have no controls: a long
     prompt one token off would cost as much again.
     """
-    longs = long_boundaries(num_speculative_tokens, block_size)
+    longs: list[Boundary] = []
+    for context in SEED_LONG_CONTEXTS:
+        blocks = -(-context // block_size)  # whole blocks, rounded up
+        length = blocks * block_size + num_speculative_tokens + 1
+        label = f"long: {blocks} x block {block_size} + K+1"
+        longs.append(Boundary(length, label, controls=(), long=True))
     lengths = ", ".join(f"{b.length:,}" for b in longs)
     if max_model_len is None:
         note = f"long prompts ({lengths}) skipped: the server states no max_model_len"
         return replace(plan, notes=(*plan.notes, note))
-    fitting = [b for b in longs if b.length <= max_model_len - max_tokens]
-    if len(fitting) < len(longs):
+    if any(b.length > max_model_len - max_tokens for b in longs):
         note = (
             f"long prompts ({lengths}) skipped: they do not fit max_model_len "
             f"{max_model_len} with {max_tokens} new tokens"
@@ -214,9 +200,9 @@ def with_long_prompts(
         return replace(plan, notes=(*plan.notes, note))
     extended = replace(
         plan,
-        boundaries=(*plan.boundaries, *fitting),
-        groups=(*plan.groups, tuple(b.length for b in fitting)),
-        decode_inserts=(*plan.decode_inserts, fitting[0].length),
+        boundaries=(*plan.boundaries, *longs),
+        groups=(*plan.groups, tuple(b.length for b in longs)),
+        decode_inserts=(*plan.decode_inserts, longs[0].length),
         notes=(
             *plan.notes,
             f"long prompts {lengths} included; cold, each can take minutes: "
@@ -242,8 +228,6 @@ def build_prompt(
     still ends with the assistant turn. A length shorter than the instruction
     keeps the instruction's tail.
     """
-    if length < 1:
-        raise ValueError(f"a prompt needs at least one token, not {length}")
     if length <= len(instruction_ids):
         return list(instruction_ids[len(instruction_ids) - length :])
     split = len(instruction_ids) - min(INSTRUCTION_TAIL_TOKENS, len(instruction_ids))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -27,7 +27,6 @@ from vllm_graphsafe.probe.errors import (
     ProbeError,
 )
 from vllm_graphsafe.probe.plan import make_plan
-from vllm_graphsafe.probe.progress import Progress
 from vllm_graphsafe.probe.redaction import redact
 from vllm_graphsafe.probe.report import build_report
 from vllm_graphsafe.probe.session import ProbeSession, ProbeState
@@ -56,7 +55,7 @@ class ProbeResult:
         return self.exit_code == EXIT_OK
 
 
-def checks_exit_status(checks: tuple[CheckResult, ...] | list[CheckResult]) -> int:
+def checks_exit_status(checks: Sequence[CheckResult]) -> int:
     """1 when a check failed, else 14 when one could not run, else 0: a probe
     that did not run every check never passes."""
     if any(check.status == FAIL for check in checks):
@@ -94,8 +93,17 @@ def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
     )
     state = ProbeState(settings, base_url, plan, salt=f"{random.randrange(16**6):06x}")
     budget = RequestBudget(settings.max_requests)
-    show_bar = settings.progress and stream.isatty()
-    progress = Progress(plan.request_count, stream, enabled=show_bar)
+    from tqdm import tqdm
+
+    progress = tqdm(
+        total=max(plan.request_count, 1),
+        desc="probe",
+        unit="request",
+        file=stream,
+        leave=False,
+        dynamic_ncols=True,
+        disable=not (settings.progress and stream.isatty()),
+    )
     error_message: str | None = None
     try:
         if plan.request_count > settings.max_requests:

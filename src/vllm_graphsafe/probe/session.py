@@ -131,6 +131,7 @@ class ProbeSession:
 
     def discover(self) -> None:
         self.state.model = self._served_model()
+        max_model_len = self.state.model.max_model_len
         instruction_ids = self._tokenize_instruction()
         filler_id = self._filler_id()
         if self.settings.vocab_size is not None:
@@ -140,10 +141,10 @@ class ProbeSession:
             self.state.vocab_size = self._discover_vocab_size(filler_id)
             if self.state.vocab_size is not None:
                 self.state.vocab_size_source = "server (logit_bias validation)"
-        self.state.plan = self._fitted_plan(self.state.model.max_model_len)
-        self.client.progress.set_total(self.state.plan.request_count)
+        self.state.plan = self._fitted_plan(max_model_len)
+        self.client.progress.total = max(self.state.plan.request_count, 1)
+        self.client.progress.refresh()
         notes = list(self.state.plan.notes)
-        max_model_len = self.state.model.max_model_len
         if max_model_len is not None:
             self.decode_limit = max(max_model_len - DECODE_PROMPT_ROOM, 1)
             if self.decode_tokens > self.decode_limit:
@@ -168,7 +169,7 @@ class ProbeSession:
             )
 
         try:
-            listing = self.client.get_json("/v1/models")
+            listing = self.client.request_json("/v1/models")
         except HttpStatusError as error:
             if 400 <= error.status < 500:
                 answer = f" with {error.detail}" if error.detail else ""
@@ -210,7 +211,7 @@ class ProbeSession:
 
     def _tokenize(self, payload: Mapping[str, Any]) -> list[int]:
         try:
-            answer = self.client.post_json(
+            answer = self.client.request_json(
                 "/tokenize", {"model": self.model_id, **payload}
             )
         except HttpStatusError as error:
@@ -267,7 +268,7 @@ class ProbeSession:
             "logit_bias": {str(VOCAB_PROBE_TOKEN_ID): 0.0},
         }
         try:
-            self.client.post_json("/v1/completions", payload)
+            self.client.request_json("/v1/completions", payload)
         except HttpStatusError as error:
             if error.status in (400, 422):
                 return vocab_size_from_message(error.detail)
@@ -277,33 +278,21 @@ class ProbeSession:
     # completions
 
     def _completion_payload(
-        self, prompt: list[int] | str, max_tokens: int, stream: bool
+        self, prompt: list[int] | str, max_tokens: int
     ) -> dict[str, Any]:
-        payload: dict[str, Any] = {
+        return {
             "model": self.model_id,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
             "return_token_ids": True,
         }
-        if stream:
-            payload["stream"] = True
-            # Usage on every event counts the tokens, with or without their ids.
-            payload["stream_options"] = {
-                "include_usage": True,
-                "continuous_usage_stats": True,
-            }
-            # The long decode must last; greedy output stays deterministic anyway.
-            payload["ignore_eos"] = True
-        return payload
 
     def complete(self, length: int, phase: str) -> Completion:
         payload = self._completion_payload(
-            self.prompts[length], self.settings.max_tokens, stream=False
+            self.prompts[length], self.settings.max_tokens
         )
-        choice = first_choice(
-            self.client.post_json("/v1/completions", payload), "/v1/completions"
-        )
+        choice = first_choice(self.client.request_json("/v1/completions", payload))
         text = str(choice.get("text") or "")
         ids = token_ids_of(choice)
         if ids is None:
@@ -317,7 +306,14 @@ class ProbeSession:
     ) -> Completion:
         """The counting prompt's greedy decode, streamed; ``watch`` follows it
         and may have the probe close the stream before the server ends it."""
-        payload = self._completion_payload(DECODE_PROMPT, max_tokens, stream=True)
+        payload = {
+            **self._completion_payload(DECODE_PROMPT, max_tokens),
+            "stream": True,
+            # Usage on every event counts the tokens, with or without their ids.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            # The long decode must last; greedy output stays deterministic anyway.
+            "ignore_eos": True,
+        }
         pieces: list[str] = []
         ids: list[int] = []
         ids_complete = True
@@ -337,9 +333,7 @@ class ProbeSession:
                 if isinstance(usage.get("prompt_tokens"), int):
                     self.state.decode_prompt_tokens = usage["prompt_tokens"]
                 choices = event.get("choices")
-                if not isinstance(choices, list) or not choices:
-                    continue
-                choice = choices[0]
+                choice = choices[0] if isinstance(choices, list) and choices else None
                 if not isinstance(choice, dict):
                     continue
                 text = str(choice.get("text") or "")
@@ -361,7 +355,7 @@ class ProbeSession:
         finally:
             events.close()
             if watch is not None:
-                watch.ended()
+                watch.started.set()
         text = "".join(pieces)
         if not ids_complete:
             ids = self._tokenize({"prompt": text, "add_special_tokens": False})
@@ -402,6 +396,7 @@ class ProbeSession:
         The decode runs until every inserted prompt is answered (or until the
         context is full); how each one met it is measured from its stream.
         """
+        self.decode_attempts += 1
         watch = DecodeWatch(self.decode_tokens)
         spans: list[tuple[InsertSpan, Completion]] = []
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -452,14 +447,12 @@ class ProbeSession:
             outputs = self.run_together(group)
             checks.append(check_concurrent(group, outputs, cold, "sent together"))
         perturbed = self.run_decode_with_inserts()
-        self.decode_attempts = 1
         while (
             not perturbed.overlapped
             and perturbed.streamed >= self.decode_limit
             and self.decode_attempts < DECODE_ATTEMPTS
         ):
             perturbed = self.run_decode_with_inserts()
-            self.decode_attempts += 1
         try:
             # As long as the perturbed stream ran: greedy, so its prefix repeats.
             solo_tokens = max(perturbed.streamed, 1)

@@ -93,14 +93,6 @@ def normalize_base_url(url: str) -> str:
     return url
 
 
-def _is_host(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return _HOST_NAME.fullmatch(host) is not None
-    return True
-
-
 def parse_base_url(url: str) -> str:
     """The normalized base URL; a ``ProbeError`` says in one sentence what is wrong."""
 
@@ -127,8 +119,11 @@ def parse_base_url(url: str) -> str:
         raise invalid("the port must be a number from 1 to 65535")
     if parts.username is not None or parts.password is not None:
         raise invalid("credentials do not belong in it; set VLLM_API_KEY instead")
-    if not _is_host(host):
-        raise invalid(f"{host!r} is not a host name or an IP address")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if _HOST_NAME.fullmatch(host) is None:
+            raise invalid(f"{host!r} is not a host name or an IP address") from None
     if parts.query or parts.fragment:
         raise invalid("it must not carry a query or a fragment")
     return normalize_base_url(url)

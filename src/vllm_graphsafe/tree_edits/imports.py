@@ -30,14 +30,6 @@ def render_import(module: str, names: list[str], expanded: bool = False) -> str:
     return f"from {module} import (\n{body})\n"
 
 
-def _top_level_from_imports(source: SourceFile) -> list[ast.ImportFrom]:
-    return [
-        node
-        for node in source.tree.body
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-    ]
-
-
 def rewrite_import(
     source: SourceFile, module: str, remove: set[str], add: set[str]
 ) -> list[LineEdit]:
@@ -46,7 +38,11 @@ def rewrite_import(
     A statement left empty is deleted; a new one is placed where ruff's isort
     expects it among the file's ``from`` imports.
     """
-    imports = _top_level_from_imports(source)
+    imports = [
+        node
+        for node in source.tree.body
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+    ]
     existing = next((node for node in imports if node.module == module), None)
     if existing is None:
         if remove:

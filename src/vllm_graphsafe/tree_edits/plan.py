@@ -23,7 +23,6 @@ from vllm_graphsafe.tree_edits.source import (
     SourceFile,
     is_call_of,
 )
-from vllm_graphsafe.tree_edits.tree import Tree
 
 #: The header of every test file the backport writes (vLLM's own).
 WRITTEN_TEST_HEADER = """\
@@ -95,15 +94,3 @@ def direct_call_assignment(
         ):
             return node
     raise MissingSymbolError(f"the assignment from {callee}(...) in {owner}")
-
-
-def require_attributes(
-    tree: Tree, module: str, class_name: str, attributes: tuple[str, ...]
-) -> None:
-    source = tree.require(module)
-    cls = recognition.find_class(source.tree, class_name)
-    if cls is None:
-        raise MissingSymbolError(f"{module}.{class_name}")
-    for attribute in attributes:
-        if not recognition.class_sets_attribute(cls, attribute):
-            raise MissingSymbolError(f"{module}.{class_name}.{attribute}")

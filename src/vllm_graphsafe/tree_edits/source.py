@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from vllm_graphsafe import recognition
-
-FunctionNode = recognition.FunctionNode
+from vllm_graphsafe.recognition import assigned_names as assigned_names
 
 
 class MissingSymbolError(LookupError):
@@ -43,17 +41,6 @@ class SourceFile:
     tree: ast.Module
 
     @classmethod
-    def read(cls, root: Path, module: str) -> SourceFile:
-        relpath = "/".join(module.split(".")) + ".py"
-        path = root / relpath
-        try:
-            with open(path, encoding="utf-8", newline="") as handle:
-                text = handle.read()
-        except (OSError, UnicodeDecodeError) as error:
-            raise MissingSymbolError(f"module {module} ({relpath})") from error
-        return cls.parse(relpath, text)
-
-    @classmethod
     def parse(cls, relpath: str, text: str) -> SourceFile:
         tree = recognition.parse(text)
         if tree is None:
@@ -64,11 +51,23 @@ class SourceFile:
     def lines(self) -> list[str]:
         return self.text.splitlines(keepends=True)
 
-    def function(self, qualname: str) -> FunctionNode:
+    def function(self, qualname: str) -> recognition.FunctionNode:
         node = recognition.find_function(self.tree, qualname)
         if node is None:
             raise MissingSymbolError(f"{self.module_name}.{qualname}")
         return node
+
+    def require_class(
+        self, name: str, attributes: tuple[str, ...] = ()
+    ) -> ast.ClassDef:
+        """The module's class ``name``, whose instances get each of ``attributes``."""
+        cls = recognition.find_class(self.tree, name)
+        if cls is None:
+            raise MissingSymbolError(f"{self.module_name}.{name}")
+        for attribute in attributes:
+            if not recognition.class_sets_attribute(cls, attribute):
+                raise MissingSymbolError(f"{self.module_name}.{name}.{attribute}")
+        return cls
 
     @property
     def module_name(self) -> str:
@@ -83,6 +82,17 @@ class SourceFile:
         decorators: list[ast.expr] = getattr(node, "decorator_list", [])
         return min([node.lineno, *(d.lineno for d in decorators)]) - 1
 
+    def insert_before(self, node: ast.stmt, text: str) -> LineEdit:
+        """``text`` above ``node`` (and its decorators), indented as it is."""
+        line = self.first_line(node)
+        return LineEdit(line, line, indent_block(text, self.indent_of(node)))
+
+    def insert_after(self, node: ast.stmt, text: str) -> LineEdit:
+        """``text`` below ``node``, indented as it is."""
+        assert node.end_lineno is not None
+        text = indent_block(text, self.indent_of(node))
+        return LineEdit(node.end_lineno, node.end_lineno, text)
+
     def apply(self, edits: Iterable[LineEdit]) -> str:
         """The text with ``edits`` spliced in; overlapping edits are a bug."""
         lines = self.lines
@@ -95,21 +105,14 @@ class SourceFile:
         return "".join(lines)
 
 
-def statements(node: ast.AST) -> Iterator[ast.stmt]:
-    """Every statement inside ``node``, nested ones included, in source order."""
-    for child in ast.walk(node):
-        if isinstance(child, ast.stmt) and child is not node:
-            yield child
-
-
 def is_call_of(node: ast.AST | None, name: str) -> bool:
     return isinstance(node, ast.Call) and recognition.called_name(node) == name
 
 
-def statement_calling(function: FunctionNode, name: str) -> ast.stmt | None:
+def statement_calling(function: recognition.FunctionNode, name: str) -> ast.stmt | None:
     """The innermost statement of ``function`` whose own expression calls ``name``."""
     found: ast.stmt | None = None
-    for statement in statements(function):
+    for statement in ast.walk(function):
         if (
             isinstance(statement, ast.Expr | ast.Assign | ast.AnnAssign)
             and any(is_call_of(node, name) for node in ast.walk(statement))
@@ -117,14 +120,6 @@ def statement_calling(function: FunctionNode, name: str) -> ast.stmt | None:
         ):
             found = statement
     return found
-
-
-def assigned_names(function: FunctionNode) -> set[str]:
-    names = set(recognition.parameter_names(function))
-    for node in ast.walk(function):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-    return names
 
 
 def indent_block(text: str, indent: str) -> str:

@@ -8,6 +8,21 @@ from pathlib import Path
 from vllm_graphsafe.tree_edits.source import MissingSymbolError, SourceFile
 
 
+def read_exact(path: Path) -> str | None:
+    """The file's text with its own line endings, byte for byte; None where
+    it cannot be read as UTF-8."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def module_path(module: str) -> str:
+    """``vllm.a.b`` -> ``vllm/a/b.py``."""
+    return "/".join(module.split(".")) + ".py"
+
+
 @dataclass
 class Tree:
     """``root`` holds the ``vllm/`` package; ``edited`` maps relpath -> new text."""
@@ -16,22 +31,18 @@ class Tree:
     edited: dict[str, str] = field(default_factory=dict)
 
     def source(self, module: str) -> SourceFile:
-        relpath = "/".join(module.split(".")) + ".py"
-        if relpath in self.edited:
-            return SourceFile.parse(relpath, self.edited[relpath])
-        return SourceFile.read(self.root, module)
+        relpath = module_path(module)
+        text = self.current(relpath)
+        if text is None:
+            raise MissingSymbolError(f"module {module} ({relpath})")
+        return SourceFile.parse(relpath, text)
 
     def exists(self, module: str) -> bool:
-        relpath = "/".join(module.split(".")) + ".py"
+        relpath = module_path(module)
         return relpath in self.edited or (self.root / relpath).is_file()
 
     def original(self, relpath: str) -> str | None:
-        try:
-            # newline="": the file's own line endings, byte for byte.
-            with open(self.root / relpath, encoding="utf-8", newline="") as handle:
-                return handle.read()
-        except (OSError, UnicodeDecodeError):
-            return None
+        return read_exact(self.root / relpath)
 
     def current(self, relpath: str) -> str | None:
         if relpath in self.edited:

@@ -23,15 +23,16 @@ if [[ $2 == "${FAIL_VERSION:-}" ]]; then
     echo "pip could not install $1"
     exit 1
 fi
-if [[ $2 == 0.32.0 ]]; then sleep "$((SLEEP_S * 4))" & else sleep "$SLEEP_S" & fi
+if [[ $2 == 0.32.0 ]]; then sleep "$LONG_SLEEP_S" & else sleep "$SLEEP_S" & fi
 wait $!
 echo "end $2" >> "$FAKE_LOG"
 """
 
 
 def queue(
-    tmp_path: Path, sleep_s: int, fail: str = ""
+    tmp_path: Path, sleep_s: float, fail: str = ""
 ) -> tuple[subprocess.Popen[str], Path]:
+    """Runs the queue; 0.32.0's stand-in sleeps five times as long as the others."""
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "install-venvs.sh", root / "scripts")
@@ -49,6 +50,7 @@ def queue(
             **os.environ,
             "FAKE_LOG": str(log),
             "SLEEP_S": str(sleep_s),
+            "LONG_SLEEP_S": str(sleep_s * 5),
             "FAIL_VERSION": fail,
         },
         stdout=subprocess.PIPE,
@@ -63,7 +65,7 @@ def events(log: Path) -> list[str]:
 
 
 def test_two_install_at_once_and_the_third_when_one_ends(tmp_path: Path) -> None:
-    process, log = queue(tmp_path, sleep_s=1)
+    process, log = queue(tmp_path, sleep_s=0.3)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     happened = events(log)

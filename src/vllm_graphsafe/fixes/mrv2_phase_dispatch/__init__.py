@@ -1,9 +1,6 @@
 """Model Runner V2: a uniform batch is decode only when no scheduled request is
-in prefill, for the target step and for Eagle/MTP draft prefill.
-
-This folder: the facts (here), the runtime hooks (``hooks``), the backport
-planner (``backport``) and the tests it writes (``written_tests``); the phase
-rows it reads are shared with the V1 fix (``fixes.phase_rows``).
+in prefill, for the target step and for Eagle/MTP draft prefill. The phase rows
+it reads are shared with the V1 fix (``fixes.phase_rows``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ runtime hooks in ``hooks``.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
@@ -19,7 +18,6 @@ from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
     edit,
-    require_attributes,
     written_test_path,
 )
 from vllm_graphsafe.tree_edits.source import (
@@ -143,20 +141,21 @@ class _MRV2Layout:
 
     label: str
     count_module: str
-    flag: Callable[[bool], str]  # "has prefill" -> the argument text
+    #: What the runner hands the count for "has prefill".
+    flag: str
     speculators: tuple[tuple[str, str], ...]
 
 
 _UPSTREAM_NAMES = _MRV2Layout(
     "Model Runner V2, 0.24-0.27 layout (names of upstream #51865)",
     V1_WORKER_UTILS,
-    lambda _: "decode_graph_eligible=not has_prefill",
+    "decode_graph_eligible=not has_prefill",
     AR_SPECULATORS,
 )
 _ONECAT_NAMES = _MRV2Layout(
     "Model Runner V2, 0.22 layout (names of 1Cat-vLLM's backport)",
     MRV2_CUDAGRAPH_UTILS,
-    lambda _: "has_prefill",
+    "has_prefill",
     ((MRV2_EAGLE_SPECULATOR, "EagleSpeculator.propose"),),
 )
 
@@ -202,9 +201,7 @@ def plan(tree: Tree) -> Plan:
             f"the dispatch_cg_and_sync_dp call after it in {owner}"
         )
     states = tree.require(MRV2_STATES)
-    require_attributes(
-        tree,
-        MRV2_STATES,
+    states.require_class(
         "RequestState",
         ("num_computed_prefill_tokens", "prefill_len", "req_id_to_index"),
     )
@@ -217,12 +214,14 @@ def plan(tree: Tree) -> Plan:
         else "(\n        get_uniform_token_count(num_reqs, num_tokens, max_query_len)"
         " is not None\n    )"
     )
+    computed_view = _host_view(states, "num_computed_prefill_tokens")
+    prefill_view = _host_view(states, "prefill_len")
     method = _RUNNER_METHOD.format(
         scheduler_output_type=annotation,
         shape_test=shape_test,
-        computed_view=_host_view(states, "num_computed_prefill_tokens"),
-        prefill_view=_host_view(states, "prefill_len"),
-        flag=layout.flag(True),
+        computed_view=computed_view,
+        prefill_view=prefill_view,
+        flag=layout.flag,
     )
     plan = Plan(
         FIX.id,
@@ -237,11 +236,7 @@ def plan(tree: Tree) -> Plan:
     assert shape_call.end_lineno is not None
     name = shape_call.targets[0].id  # type: ignore[attr-defined]
     runner_edits = [
-        LineEdit(
-            runner.first_line(execute),
-            runner.first_line(execute),
-            indent_block(method, runner.indent_of(execute)),
-        ),
+        runner.insert_before(execute, method),
         LineEdit(
             shape_call.lineno - 1,
             shape_call.end_lineno,
@@ -267,8 +262,8 @@ def plan(tree: Tree) -> Plan:
             edit(plan, *_draft_prefill_edits(tree, module, propose, layout))
     plan.tests[written_test_path(plan.fix_id)] = written_tests.mrv2_phase_dispatch(
         upstream_names=layout is _UPSTREAM_NAMES,
-        computed_np=_host_view(states, "num_computed_prefill_tokens") == "",
-        prefill_np=_host_view(states, "prefill_len") == "",
+        computed_np=computed_view == "",
+        prefill_np=prefill_view == "",
     )
     return plan
 
@@ -354,21 +349,15 @@ def _import_swap(
     return edits
 
 
-_DRAFT_FLAG_UPSTREAM = "decode_graph_eligible=not {phase}"
-_DRAFT_FLAG_1CAT = "has_prefill={phase}"
-
-
 def _draft_phase_expression(tree: Tree) -> str:
     """Whether a row of the target's input batch was in prefill before the step."""
     source = tree.require(MRV2_INPUT_BATCH)
-    cls = recognition.find_class(source.tree, "InputBatch")
-    if cls is None:
-        raise MissingSymbolError(f"{MRV2_INPUT_BATCH}.InputBatch")
+    cls = source.require_class("InputBatch")
     if recognition.class_sets_attribute(cls, "is_prefilling_np"):
         return "bool(input_batch.is_prefilling_np[:num_reqs].any())"
-    for attribute in ("num_computed_prefill_tokens_np", "prefill_len_np"):
-        if not recognition.class_sets_attribute(cls, attribute):
-            raise MissingSymbolError(f"{MRV2_INPUT_BATCH}.InputBatch.{attribute}")
+    source.require_class(
+        "InputBatch", ("num_computed_prefill_tokens_np", "prefill_len_np")
+    )
     return (
         "bool((input_batch.num_computed_prefill_tokens_np[:num_reqs]"
         " < input_batch.prefill_len_np[:num_reqs]).any())"
@@ -388,11 +377,13 @@ def _draft_prefill_edits(
     statement = direct_call_assignment(function, SHAPE_COUNT, owner)
     call = statement.value
     assert isinstance(call, ast.Call) and statement.end_lineno is not None
-    template = _DRAFT_FLAG_UPSTREAM if layout is _UPSTREAM_NAMES else _DRAFT_FLAG_1CAT
     phase = _draft_phase_expression(tree)
-    flag = template.format(phase=phase.removeprefix("bool(").removesuffix(")"))
-    if layout is _ONECAT_NAMES:
-        flag = template.format(phase=phase)
+    if layout is _UPSTREAM_NAMES:
+        flag = (
+            f"decode_graph_eligible=not {phase.removeprefix('bool(').removesuffix(')')}"
+        )
+    else:
+        flag = f"has_prefill={phase}"
     indent = source.indent_of(statement)
     target = ast.get_source_segment(source.text, statement.targets[0])
     arguments = _call_arguments(source, call, indent + "    ")

@@ -17,20 +17,29 @@ it; under data parallelism that is what this rank offers the other ranks.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_graphsafe.behaviour.compiled import SourceCode, parameters_of, shared_code
-from vllm_graphsafe.behaviour.fakes import Fake
+from vllm_graphsafe import recognition
+from vllm_graphsafe.behaviour.compiled import SourceCode, keyword_arguments, shared_code
+from vllm_graphsafe.behaviour.fakes import (
+    Fake,
+    Row,
+    chunk_rows,
+    decode_row,
+    fresh_row,
+    req_id,
+    scheduler_output,
+)
 from vllm_graphsafe.behaviour.judgement import (
     CannotRun,
     Case,
     Evidence,
     Expect,
     Outcome,
+    graph_outcome,
     judge_cases,
 )
 from vllm_graphsafe.behaviour.live import live_instance
@@ -71,28 +80,12 @@ _PHASE_FIELDS = (
 )
 
 
-class Req(NamedTuple):
-    """A scheduled request: its prefill length (prompt, or all tokens to
-    recompute after preemption), what it computed before the step, what the
-    step schedules (drafts included) and its drafts."""
-
-    prefill_len: int
-    computed: int
-    scheduled: int
-    drafts: int = 0
-    new: bool = False
-
-    @property
-    def in_prefill(self) -> bool:
-        return self.computed < self.prefill_len
-
-
 class Step(NamedTuple):
     k: int
-    reqs: tuple[Req, ...]
+    reqs: tuple[Row, ...]
     dp_size: int = 1
     #: Requests in prefill that the step does not schedule.
-    unscheduled: tuple[Req, ...] = ()
+    unscheduled: tuple[Row, ...] = ()
 
 
 class ReachedDispatch(Exception):
@@ -102,85 +95,56 @@ class ReachedDispatch(Exception):
         self.max_query_len = max_query_len
 
 
-class GraphManager:
-    """vLLM's ``CudaGraphManager``: records the dispatch and stops the step."""
-
-    def dispatch(
-        self,
-        num_reqs: Any = None,
-        num_tokens: Any = None,
-        uniform_token_count: Any = None,
-        num_active_loras: Any = 0,
-        max_query_len: Any = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        raise ReachedDispatch(uniform_token_count, max_query_len)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return StandIn(f"CudaGraphManager.{name}")
+def _dispatch(
+    num_reqs: Any = None,
+    num_tokens: Any = None,
+    uniform_token_count: Any = None,
+    num_active_loras: Any = 0,
+    max_query_len: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    raise ReachedDispatch(uniform_token_count, max_query_len)
 
 
-def _decode(k: int, offset: int = 0) -> Req:
-    return Req(prefill_len=12 + offset, computed=40 + offset, scheduled=k + 1, drafts=k)
-
-
-def _fresh(k: int) -> Req:
-    return Req(prefill_len=k + 1, computed=0, scheduled=k + 1, new=True)
+def graph_manager() -> Fake:
+    """vLLM's ``CudaGraphManager``: its dispatch stops the step with what it
+    was asked."""
+    return Fake("CudaGraphManager", dispatch=_dispatch)
 
 
 def _phase_cases(k: int, *, data_parallel: bool) -> list[Case[Step]]:
-    q, width = k + 1, f"K={k}"
+    q = k + 1
+    fresh, decode = fresh_row(k), decode_row(k)
     off, on = Expect.KEPT_OFF, Expect.KEPT_ON
-    found: list[Case[Step]] = [
-        Case(f"a fresh {q}-token prompt ({width})", off, Step(k, (_fresh(k),))),
-        Case(
-            f"a {q}-token prompt beside a decode ({width})",
-            off,
-            Step(k, (_decode(k), _fresh(k))),
-        ),
+    named = [
+        (f"a fresh {q}-token prompt", off, Step(k, (fresh,))),
+        (f"a {q}-token prompt beside a decode", off, Step(k, (decode, fresh))),
     ]
     if k:
-        found += [
-            Case(
-                f"the {q}-token tail of a chunked {256 + q}-token prompt ({width})",
-                off,
-                Step(k, (Req(256 + q, 256, q),)),
-            ),
-            Case(
-                f"a {16 + q}-token prompt after a 16-token prefix-cache hit ({width})",
-                off,
-                Step(k, (Req(16 + q, 16, q, new=True),)),
-            ),
-        ]
-    found += [
-        Case(
-            f"a pure decode batch of 3 rows ({width})",
+        named += [(name, off, Step(k, (row,))) for name, row in chunk_rows(k)]
+    named += [
+        (
+            "a pure decode batch of 3 rows",
             on,
-            Step(k, (_decode(k), _decode(k, 1), _decode(k, 2))),
+            Step(k, (decode, decode_row(k, 1), decode_row(k, 2))),
         ),
-        Case(
-            f"a decode beside an unscheduled prompt ({width})",
+        (
+            "a decode beside an unscheduled prompt",
             on,
-            Step(k, (_decode(k),), unscheduled=(Req(300, 64, 0),)),
+            Step(k, (decode,), unscheduled=(Row(300, 64, 0),)),
         ),
     ]
     if data_parallel:
-        found += [
-            Case(
-                f"a {q}-token prompt on a data-parallel rank ({width})",
+        named += [
+            (
+                f"a {q}-token prompt on a data-parallel rank",
                 off,
-                Step(k, (_fresh(k),), dp_size=2),
+                Step(k, (fresh,), dp_size=2),
             ),
-            Case(
-                f"a decode on a data-parallel rank ({width})",
-                on,
-                Step(k, (_decode(k),), dp_size=2),
-            ),
+            ("a decode on a data-parallel rank", on, Step(k, (decode,), dp_size=2)),
         ]
-    return found
+    return [Case(f"{name} (K={k})", expect, step) for name, expect, step in named]
 
 
 def target_cases() -> list[Case[Step]]:
@@ -198,31 +162,9 @@ def draft_cases(speculator: str) -> list[Case[Step]]:
 # -- fake state -------------------------------------------------------------------
 
 
-def _req_id(index: int) -> str:
-    return f"req-{index}"
-
-
 def _state_index(index: int) -> int:
     # Request states sit in non-contiguous slots, as after other requests left.
     return 3 + 2 * index
-
-
-def scheduler_output(step: Step) -> Fake:
-    scheduled = {_req_id(i): req.scheduled for i, req in enumerate(step.reqs)}
-    return Fake(
-        "SchedulerOutput",
-        num_scheduled_tokens=scheduled,
-        total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={
-            _req_id(i): [0] * req.drafts
-            for i, req in enumerate(step.reqs)
-            if req.drafts
-        },
-        scheduled_new_reqs=[],
-        finished_req_ids=set(),
-        scheduled_encoder_inputs={},
-        num_common_prefix_blocks=[],
-    )
 
 
 def request_states(step: Step) -> Fake:
@@ -233,9 +175,9 @@ def request_states(step: Step) -> Fake:
     everyone = [*step.reqs, *step.unscheduled]
     for i, req in enumerate(everyone):
         slot = _state_index(i)
-        ids[_req_id(i)] = slot
-        prefill_len[slot] = req.prefill_len
-        computed_prefill[slot] = min(req.computed, req.prefill_len)
+        ids[req_id(i)] = slot
+        prefill_len[slot] = req.prompt
+        computed_prefill[slot] = min(req.computed, req.prompt)
         computed[slot] = req.computed
     return Fake(
         "RequestState",
@@ -263,7 +205,7 @@ def runner_state(step: Step) -> dict[str, Any]:
         "decode_query_len": step.k + 1,
         "num_speculative_steps": step.k,
         "req_states": request_states(step),
-        "cudagraph_manager": GraphManager(),
+        "cudagraph_manager": graph_manager(),
         "dp_size": step.dp_size,
         "dp_rank": 0,
         "use_pp": False,
@@ -291,14 +233,14 @@ def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
     columns the tree's ``InputBatch`` declares."""
     reqs = step.reqs
     scheduled = np.array([r.scheduled for r in reqs], dtype=np.int32)
-    prefilling = np.array([r.in_prefill for r in reqs], dtype=bool)
+    prefilling = np.array([r.computed < r.prompt for r in reqs], dtype=bool)
     phase: dict[str, Any] = {
         "is_prefilling_np": prefilling,
         "has_prefill": bool(prefilling.any()),
         "decode_graph_eligible": not bool(prefilling.any()),
-        "prefill_len_np": np.array([r.prefill_len for r in reqs], dtype=np.int32),
+        "prefill_len_np": np.array([r.prompt for r in reqs], dtype=np.int32),
         "num_computed_prefill_tokens_np": np.array(
-            [min(r.computed, r.prefill_len) for r in reqs], dtype=np.int32
+            [min(r.computed, r.prompt) for r in reqs], dtype=np.int32
         ),
         "num_computed_tokens_np": np.array([r.computed for r in reqs], dtype=np.int32),
         "prefill_runs_as_decode_np": None,
@@ -308,7 +250,7 @@ def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
     idx = np.array([_state_index(i) for i in range(len(reqs))], dtype=np.int32)
     return Fake(
         "InputBatch",
-        req_ids=[_req_id(i) for i in range(len(reqs))],
+        req_ids=[req_id(i) for i in range(len(reqs))],
         num_reqs=len(reqs),
         num_reqs_after_padding=len(reqs),
         idx_mapping_np=idx,
@@ -326,8 +268,8 @@ def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
 
 def speculator_state(step: Step) -> dict[str, Any]:
     return {
-        "prefill_cudagraph_manager": GraphManager(),
-        "cudagraph_manager": GraphManager(),
+        "prefill_cudagraph_manager": graph_manager(),
+        "cudagraph_manager": graph_manager(),
         "dp_size": step.dp_size,
         "dp_rank": 0,
         "num_speculative_steps": step.k,
@@ -337,26 +279,6 @@ def speculator_state(step: Step) -> dict[str, Any]:
         "pcp_manager": None,
         "adaptive_verification": None,
     }
-
-
-def _arguments(
-    function: Callable[..., Any], supplied: dict[str, Any]
-) -> dict[str, Any]:
-    """``function``'s parameters by name: the supplied ones, a stand-in for
-    any other without a default."""
-    try:
-        parameters = parameters_of(function)
-    except (TypeError, ValueError) as error:
-        raise CannotRun(f"its signature cannot be read ({error})") from error
-    arguments: dict[str, Any] = {}
-    for parameter in parameters:
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if parameter.name in supplied:
-            arguments[parameter.name] = supplied[parameter.name]
-        elif parameter.default is parameter.empty:
-            arguments[parameter.name] = StandIn(parameter.name)
-    return arguments
 
 
 def _outcome(case: Case[Step], run: Callable[[], Any]) -> Outcome:
@@ -379,30 +301,30 @@ def _outcome(case: Case[Step], run: Callable[[], Any]) -> Outcome:
             if varlen
             else "ran without the FULL decode graph"
         )
-        right = (not full) if case.expect is Expect.KEPT_OFF else full
-        return Outcome(right, said)
+        return graph_outcome(case, full, said)
     raise CannotRun("the step ended before it reached the CUDA-graph dispatch")
 
 
-class Target:
+class Target(NamedTuple):
     """The runner and speculators: compiled from source, or the live classes."""
 
-    def __init__(
-        self,
-        make: Callable[[str, str, dict[str, Any]], Any],
-        speculators: list[tuple[str, str]],
-        declared: set[str],
-    ) -> None:
-        self.make = make
-        self.speculators = speculators
-        self.declared = declared
+    make: Callable[[str, str, dict[str, Any]], Any]
+    speculators: list[tuple[str, str]]
+    #: The phase columns the draft's fake batch carries.
+    declared: set[str]
 
     def run_target(self, case: Case[Step]) -> Outcome:
         runner = self.make(MRV2_RUNNER, MRV2_RUNNER_CLASS, runner_state(case.step))
         step = getattr(runner, TARGET_STEP)
-        arguments = _arguments(
-            step, {"scheduler_output": scheduler_output(case.step), "dummy_run": False}
+        output = scheduler_output(
+            case.step.reqs,
+            scheduled_new_reqs=[],
+            finished_req_ids=set(),
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[],
         )
+        supplied = {"scheduler_output": output, "dummy_run": False}
+        arguments = keyword_arguments(step, supplied, StandIn)
         return _outcome(case, lambda: step(**arguments))
 
     def run_draft(self, module: str, owner: str) -> Callable[[Case[Step]], Outcome]:
@@ -420,23 +342,20 @@ class Target:
                 "is_profile": False,
                 "mm_inputs": None,
             }
-            arguments = _arguments(propose, supplied)
+            arguments = keyword_arguments(propose, supplied, StandIn)
             return _outcome(case, lambda: propose(**arguments))
 
         return run
 
     def judge(self) -> Evidence:
-        cases: list[Case[Any]] = []
-        runs: dict[str, Callable[[Case[Step]], Outcome]] = {}
-        for case in target_cases():
-            cases.append(case)
-            runs[case.name] = self.run_target
+        runs: dict[Case[Step], Callable[[Case[Step]], Outcome]] = dict.fromkeys(
+            target_cases(), self.run_target
+        )
         for module, owner in self.speculators:
-            run = self.run_draft(module, owner)
-            for case in draft_cases(owner):
-                cases.append(case)
-                runs[case.name] = run
-        return judge_cases(cases, lambda case: runs[case.name](case))
+            runs.update(
+                dict.fromkeys(draft_cases(owner), self.run_draft(module, owner))
+            )
+        return judge_cases(runs, lambda case: runs[case](case))
 
 
 #: What a draft prefill computes when it asks for a decode graph by shape
@@ -461,18 +380,12 @@ def _speculators_in_source(code: SourceCode) -> list[tuple[str, str]]:
         if defined is None or defined in found:
             continue
         node = code.sources.function_node(defined[0], f"{defined[1]}.{DRAFT_STEP}")
-        if node is not None and _DRAFT_PREFILL_COUNTS.isdisjoint(_names_in(node)):
+        if node is not None and _DRAFT_PREFILL_COUNTS.isdisjoint(
+            recognition.referenced_names(node)
+        ):
             continue
         found[defined] = (module, owner)
     return list(found.values())
-
-
-def _names_in(node: ast.AST) -> set[str]:
-    return {
-        child.id if isinstance(child, ast.Name) else child.attr
-        for child in ast.walk(node)
-        if isinstance(child, ast.Name | ast.Attribute)
-    }
 
 
 def judge_source(sources: SourceReader) -> Evidence:
@@ -483,16 +396,11 @@ def judge_source(sources: SourceReader) -> Evidence:
         for name in _PHASE_FIELDS
         if sources.sets_attribute(MRV2_INPUT_BATCH, "InputBatch", name)
     }
-    target = Target(
-        lambda module, owner, state: code.instance(module, owner, state),
-        _speculators_in_source(code),
-        declared,
-    )
-    return target.judge()
+    return Target(code.instance, _speculators_in_source(code), declared).judge()
 
 
 def judge_live(
-    classes: dict[tuple[str, str], type],
+    runner_class: type,
     input_batch: type | None,
     installed: SourceReader,
     draft: bool = True,
@@ -510,7 +418,6 @@ def judge_live(
             or hasattr(input_batch, name)
         )
     }
-    runner_class = classes[(MRV2_RUNNER, MRV2_RUNNER_CLASS)]
 
     def make(module: str, owner: str, state: dict[str, Any]) -> Any:
         if (module, owner) == (MRV2_RUNNER, MRV2_RUNNER_CLASS):

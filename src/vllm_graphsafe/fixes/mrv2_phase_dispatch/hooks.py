@@ -174,7 +174,10 @@ def target_phase_reader() -> InPrefill:
             kept[0] = (computed, prefill_len, columns)
         if columns is not None:
             return columns.scheduled_in_prefill(row_of, scheduled)
-        rows = _rows_of(row_of, scheduled)
+        # A scheduled request without a state row is an error (fails open).
+        rows = np.fromiter(
+            map(row_of.__getitem__, scheduled), dtype=np.intp, count=len(scheduled)
+        )
         return bool(_any(_host(computed)[rows] < _host(prefill_len)[rows]))
 
     return scheduled_request_in_prefill
@@ -192,13 +195,6 @@ def _prefill_columns(computed: Any, prefill_len: Any) -> PrefillColumns | None:
     ):
         return None
     return PrefillColumns(host_computed, host_prefill_len)
-
-
-def _rows_of(req_id_to_index: Any, req_ids: Any) -> np.ndarray:
-    """The state rows of ``req_ids``; a request without one is an error."""
-    return np.fromiter(
-        map(req_id_to_index.__getitem__, req_ids), dtype=np.intp, count=len(req_ids)
-    )
 
 
 def draft_phase_reader() -> InPrefill:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
 from vllm_graphsafe import recognition
@@ -29,9 +28,6 @@ from vllm_graphsafe.vllm_layout import (
     MRV2_STATES,
 )
 
-RUNNER_MODULE = MRV2_RUNNER
-STATES_MODULE = MRV2_STATES
-INPUT_BATCH_MODULE = MRV2_INPUT_BATCH
 RUNNER_STEP = "GPUModelRunner.execute_model"
 #: The shape rule, wrapped by name in each module that calls it.
 SHAPE_RULE = "get_uniform_token_count"
@@ -59,7 +55,6 @@ class DraftPrefillDispatcher(NamedTuple):
 
     module: str
     propose: str
-    layout: str
     #: Hooked only in releases without this module (an older layout).
     only_without: str | None = None
 
@@ -67,24 +62,20 @@ class DraftPrefillDispatcher(NamedTuple):
 #: Every speculator module known to compute ``get_uniform_token_count`` for its
 #: draft prefill. Hook points exist only for those of the installed release.
 DRAFT_PREFILL_DISPATCHERS = (
-    # Before the autoregressive split (e.g. 0.20, 0.22) Eagle and MTP run
-    # here; from 0.24 on this module only subclasses the autoregressive one.
+    # eagle/: before the autoregressive/ split (e.g. 0.20, 0.22) Eagle and MTP
+    # run here; from 0.24 on this module only subclasses the autoregressive one.
     DraftPrefillDispatcher(
         MRV2_EAGLE_SPECULATOR,
         "EagleSpeculator.propose",
-        "eagle/ (releases before the autoregressive/ split)",
         only_without=MRV2_AUTOREGRESSIVE_SPECULATOR,
     ),
-    # 0.24-0.27: Eagle, MTP and Gemma4 MTP subclass this one.
+    # autoregressive/ (0.24-0.27): Eagle, MTP and Gemma4 MTP subclass this one.
     DraftPrefillDispatcher(
-        MRV2_AUTOREGRESSIVE_SPECULATOR,
-        "AutoRegressiveSpeculator.propose",
-        "autoregressive/ (0.24-0.27)",
+        MRV2_AUTOREGRESSIVE_SPECULATOR, "AutoRegressiveSpeculator.propose"
     ),
+    # multi_module_mtp/ (0.24-0.27).
     DraftPrefillDispatcher(
-        MRV2_MULTI_MODULE_MTP_SPECULATOR,
-        "MultiModuleMTPSpeculator.propose",
-        "multi_module_mtp/ (0.24-0.27)",
+        MRV2_MULTI_MODULE_MTP_SPECULATOR, "MultiModuleMTPSpeculator.propose"
     ),
 )
 
@@ -103,9 +94,9 @@ def batch_lacks_phase_column(sources: SourceReader) -> bool:
     """The 0.20 layout: no phase column in the input batch, but vLLM's own
     pre-step question in ``prepare_inputs``. Any other layout is read as one
     whose batch carries the column (and fails naming it when it does not)."""
-    if sources.sets_attribute(INPUT_BATCH_MODULE, "InputBatch", BATCH_PHASE_COLUMN):
+    if sources.sets_attribute(MRV2_INPUT_BATCH, "InputBatch", BATCH_PHASE_COLUMN):
         return False
-    return sources.calls(RUNNER_MODULE, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
+    return sources.calls(MRV2_RUNNER, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
 
 
 def layout(sources: SourceReader) -> dict[str, Any]:
@@ -123,11 +114,11 @@ def layout(sources: SourceReader) -> dict[str, Any]:
 
 def points(layout: Layout) -> list[Point]:
     found = [
-        Point(RUNNER_MODULE, RUNNER_STEP, TARGET_STEP_ROLE),
-        Point(RUNNER_MODULE, SHAPE_RULE, TARGET_COUNT_ROLE, caller=RUNNER_STEP),
+        Point(MRV2_RUNNER, RUNNER_STEP, TARGET_STEP_ROLE),
+        Point(MRV2_RUNNER, SHAPE_RULE, TARGET_COUNT_ROLE, caller=RUNNER_STEP),
     ]
     if layout["pre_step_answers"]:
-        found.append(Point(STATES_MODULE, PRE_STEP_QUESTION, PRE_STEP_ROLE))
+        found.append(Point(MRV2_STATES, PRE_STEP_QUESTION, PRE_STEP_ROLE))
     for module, propose in layout["dispatchers"]:
         found += [
             Point(module, propose, DRAFT_STEP_ROLE),
@@ -138,10 +129,10 @@ def points(layout: Layout) -> list[Point]:
 
 def reads(layout: Layout) -> list[Requirement]:
     found: list[Requirement] = [
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "req_states", SHAPE_RULE)
+        SetsAttribute(MRV2_RUNNER, "GPUModelRunner", "req_states", SHAPE_RULE)
     ]
     found += [
-        SetsAttribute(STATES_MODULE, "RequestState", name, SHAPE_RULE)
+        SetsAttribute(MRV2_STATES, "RequestState", name, SHAPE_RULE)
         for name in ("req_id_to_index", "num_computed_prefill_tokens", "prefill_len")
     ]
     if not layout["dispatchers"]:
@@ -149,22 +140,20 @@ def reads(layout: Layout) -> list[Requirement]:
     if layout["pre_step_answers"]:
         return [
             *found,
-            SetsAttribute(
-                INPUT_BATCH_MODULE, "InputBatch", "idx_mapping_np", SHAPE_RULE
-            ),
+            SetsAttribute(MRV2_INPUT_BATCH, "InputBatch", "idx_mapping_np", SHAPE_RULE),
             TakesParameters(
-                STATES_MODULE, PRE_STEP_QUESTION, ("idx_mapping_np",), SHAPE_RULE
+                MRV2_STATES, PRE_STEP_QUESTION, ("idx_mapping_np",), SHAPE_RULE
             ),
         ]
     return found + [
-        SetsAttribute(INPUT_BATCH_MODULE, "InputBatch", name, SHAPE_RULE)
+        SetsAttribute(MRV2_INPUT_BATCH, "InputBatch", name, SHAPE_RULE)
         for name in ("num_reqs", BATCH_PHASE_COLUMN)
     ]
 
 
 def native_reason(sources: SourceReader) -> str | None:
     """``execute_model`` calls upstream's phase-aware classification."""
-    node = sources.function_node(RUNNER_MODULE, RUNNER_STEP)
+    node = sources.function_node(MRV2_RUNNER, RUNNER_STEP)
     if node is None:
         return None
     for marker in _NATIVE_MARKERS:
@@ -185,22 +174,13 @@ def behaviour(sources: SourceReader) -> Evidence:
 def live(draft: bool = True) -> Evidence | None:
     """The target's cases on the imported runner class; the draft prefill's
     (unless ``draft`` is off) compiled from the installed source."""
-    classes: dict[tuple[str, str], type] = {}
-    for module, owner in ((RUNNER_MODULE, MRV2_RUNNER_CLASS), *MRV2_SPECULATORS):
-        found = imported_class(module, owner)
-        if found is not None:
-            classes[(module, owner)] = found
-    if (RUNNER_MODULE, MRV2_RUNNER_CLASS) not in classes:
+    runner_class = imported_class(MRV2_RUNNER, MRV2_RUNNER_CLASS)
+    if runner_class is None:
         return None
-    input_batch = getattr(sys.modules.get(INPUT_BATCH_MODULE), "InputBatch", None)
     from vllm_graphsafe.fixes.mrv2_phase_dispatch.behaviour import judge_live
 
-    return judge_live(
-        classes,
-        input_batch if isinstance(input_batch, type) else None,
-        SourceReader(),
-        draft=draft,
-    )
+    input_batch = imported_class(MRV2_INPUT_BATCH, "InputBatch")
+    return judge_live(runner_class, input_batch, SourceReader(), draft=draft)
 
 
 def confirm() -> Evidence | None:
@@ -211,7 +191,7 @@ def confirm() -> Evidence | None:
 
 def live_modules(verdict: Verdict | None) -> list[str]:
     speculators = [] if verdict is None else verdict.layout.get("speculators", [])
-    return [RUNNER_MODULE, INPUT_BATCH_MODULE, *speculators]
+    return [MRV2_RUNNER, MRV2_INPUT_BATCH, *speculators]
 
 
 JUDGE = FixJudge(

@@ -10,10 +10,8 @@ count, so that parallel collectives keep their shapes), counts it and warns
 once. It never raises. It is independent of the dispatch fixes: its own switch,
 on by default, applied also where vLLM classifies the dispatch by phase itself.
 
-This folder: the facts (here), the per-group reading (``logic``), the runtime
-hooks (``hooks``: V1's ``CUDAGraphWrapper``; ``mrv2``: Model Runner V2's
-replay), the backport planner (``backport``) and the tests it writes
-(``written_tests``).
+The per-group reading is ``logic``; the runtime hooks are ``hooks`` (V1's
+``CUDAGraphWrapper``) and ``mrv2`` (Model Runner V2's replay).
 """
 
 from __future__ import annotations

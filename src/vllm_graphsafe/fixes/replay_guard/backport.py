@@ -36,7 +36,6 @@ from vllm_graphsafe.tree_edits.source import (
     MissingSymbolError,
     SourceFile,
     assigned_names,
-    indent_block,
 )
 from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import (
@@ -93,7 +92,7 @@ def graphsafe_attn_metadata_has_prefill(
 
 '''
 
-_WRAPPER_GUARD = """\
+_WRAPPER_GUARD = """
 if (
     cudagraph_runtime_mode == CUDAGraphMode.FULL
     and batch_descriptor is not None
@@ -113,7 +112,6 @@ if (
         return self.runnable(*args, **kwargs)
     finally:
         forward_context.cudagraph_runtime_mode = cudagraph_runtime_mode
-
 """
 
 _LEAVE_DECODE_GRAPH_HELPER = '''\
@@ -169,10 +167,7 @@ def plan(tree: Tree) -> Plan:
 
 
 def _uniform_flag(tree: Tree) -> str:
-    forward_context = tree.require(FORWARD_CONTEXT)
-    descriptor = recognition.find_class(forward_context.tree, "BatchDescriptor")
-    if descriptor is None:
-        raise MissingSymbolError(f"{FORWARD_CONTEXT}.BatchDescriptor")
+    descriptor = tree.require(FORWARD_CONTEXT).require_class("BatchDescriptor")
     for flag in UNIFORM_FLAGS:
         if recognition.class_sets_attribute(descriptor, flag):
             return flag
@@ -185,26 +180,20 @@ def _wrapper_edits(source: SourceFile, flag: str) -> list[LineEdit]:
     for name in ("forward_context", "batch_descriptor", "cudagraph_runtime_mode"):
         if name not in assigned_names(call):
             raise MissingSymbolError(f"the local {name} of {CUDA_GRAPH}.{WRAPPER_CALL}")
+    _require_bindings(source)
+    early_return = _mode_mismatch_return(call)
+    wrapper_class = source.require_class(CUDA_GRAPH_WRAPPER_CLASS)
+    return [
+        source.insert_before(wrapper_class, _HAS_PREFILL_HELPER),
+        source.insert_after(early_return, _WRAPPER_GUARD.format(flag=flag)),
+    ]
+
+
+def _require_bindings(source: SourceFile) -> None:
+    """The names the inserted code uses that the module must bind."""
     for name in ("CUDAGraphMode", "logger", "Any"):
         if not recognition.module_binds(source.tree, name):
             raise MissingSymbolError(f"{name} in {source.relpath}")
-    early_return = _mode_mismatch_return(call)
-    wrapper_class = recognition.find_class(source.tree, CUDA_GRAPH_WRAPPER_CLASS)
-    assert wrapper_class is not None and early_return.end_lineno is not None
-    first_line = min(
-        [wrapper_class.lineno, *(d.lineno for d in wrapper_class.decorator_list)]
-    )
-    guard = _WRAPPER_GUARD.format(flag=flag)
-    return [
-        LineEdit(first_line - 1, first_line - 1, _HAS_PREFILL_HELPER),
-        LineEdit(
-            early_return.end_lineno,
-            early_return.end_lineno,
-            "\n"
-            + indent_block(guard, source.indent_of(early_return)).rstrip("\n")
-            + "\n",
-        ),
-    ]
 
 
 def _mode_mismatch_return(call: recognition.FunctionNode) -> ast.If:
@@ -230,25 +219,17 @@ def _mrv2(tree: Tree, plan: Plan) -> int:
     """The helper in MRV2's graph utilities, and every replay site rebinding
     its descriptor through it; the number of sites."""
     utilities = tree.require(MRV2_CUDAGRAPH_UTILS)
-    descriptor = recognition.find_class(utilities.tree, "BatchExecutionDescriptor")
-    if descriptor is None:
-        raise MissingSymbolError(f"{MRV2_CUDAGRAPH_UTILS}.BatchExecutionDescriptor")
-    for name in ("cg_mode", "uniform_token_count"):
-        if not recognition.class_sets_attribute(descriptor, name):
-            raise MissingSymbolError(
-                f"{MRV2_CUDAGRAPH_UTILS}.BatchExecutionDescriptor.{name}"
-            )
-    for name in ("CUDAGraphMode", "logger", "Any"):
-        if not recognition.module_binds(utilities.tree, name):
-            raise MissingSymbolError(f"{name} in {utilities.relpath}")
+    descriptor = utilities.require_class(
+        "BatchExecutionDescriptor", ("cg_mode", "uniform_token_count")
+    )
+    _require_bindings(utilities)
     varlen = recognition.class_sets_attribute(descriptor, "max_query_len")
     helper = _LEAVE_DECODE_GRAPH_HELPER.format(
         decode_doc=_VARLEN_DOC if varlen else _UNIFORM_DOC,
         varlen_test=_VARLEN_TEST if varlen else "",
     )
-    assert descriptor.end_lineno is not None
     utility_edits = [
-        LineEdit(descriptor.end_lineno, descriptor.end_lineno, helper),
+        utilities.insert_after(descriptor, helper),
         *rewrite_import(utilities, CUDA_GRAPH, set(), {HAS_PREFILL}),
     ]
     if not recognition.module_binds(utilities.tree, "replace"):
@@ -303,7 +284,5 @@ def _rebind_edits(source: SourceFile) -> list[LineEdit]:
                 "(not an elif)"
             )
         rebind = _REBIND.format(desc=branch.descriptor, metadata=metadata)
-        edits.append(
-            LineEdit(line, line, indent_block(rebind, source.indent_of(branch.node)))
-        )
+        edits.append(source.insert_before(branch.node, rebind))
     return edits

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from vllm_graphsafe.behaviour.compiled import shared_code
+from vllm_graphsafe.behaviour.compiled import compiled_runner, shared_code
 from vllm_graphsafe.behaviour.fakes import (
     FORWARD_CONTEXT_SLOT,
     Fake,
@@ -32,6 +32,7 @@ from vllm_graphsafe.behaviour.judgement import (
     Evidence,
     Expect,
     Outcome,
+    graph_outcome,
     judge_cases,
 )
 from vllm_graphsafe.sources import SourceReader
@@ -95,18 +96,12 @@ def _runnable(eager: list[bool]) -> Callable[..., str]:
     return run
 
 
-class Target:
-    def __init__(
-        self,
-        make: Callable[[dict[str, Any]], Any],
-        call: Any,
-        modes: Any,
-        descriptor_type: Any,
-    ) -> None:
-        self.make = make
-        self.call = call
-        self.modes = modes
-        self.descriptor_type = descriptor_type
+class Target(NamedTuple):
+    make: Callable[[dict[str, Any]], Any]
+    modes: Any
+    descriptor_type: Any
+    #: ``CUDAGraphWrapper.__call__``, run on the wrapper ``make`` builds.
+    call: Any
 
     def run(self, case: Case[Replay]) -> Outcome:
         full = member(self.modes, "FULL")
@@ -153,15 +148,11 @@ class Target:
             self.call(wrapper)
         finally:
             FORWARD_CONTEXT_SLOT[0] = None
-        if graph.replays and not eager:
-            replayed = True
-        elif eager and not graph.replays:
-            replayed = False
-        else:
+        replayed = bool(graph.replays)
+        if replayed == bool(eager):
             raise CannotRun("the wrapper neither replayed its graph nor ran eagerly")
         said = "replayed the FULL graph" if replayed else "ran without the FULL graph"
-        right = (not replayed) if case.expect is Expect.KEPT_OFF else replayed
-        return Outcome(right, said)
+        return graph_outcome(case, replayed, said)
 
 
 def judge_source(sources: SourceReader) -> Evidence:
@@ -173,9 +164,6 @@ def judge_source(sources: SourceReader) -> Evidence:
     if not callable(call):
         raise CannotRun(f"{CUDA_GRAPH_WRAPPER_CLASS} has no __call__ to run")
     target = Target(
-        lambda state: code.instance(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, state),
-        call,
-        code.name_or_none(CUDA_GRAPH, "CUDAGraphMode"),
-        code.name_or_none(CUDA_GRAPH, "BatchDescriptor"),
+        *compiled_runner(sources, CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS), call
     )
     return judge_cases(cases(), target.run)

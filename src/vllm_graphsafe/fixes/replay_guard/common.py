@@ -9,8 +9,6 @@ from collections.abc import Callable
 
 from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX
 
-PATCH_ID = FIX.id
-
 logger = logging.getLogger("vllm.graphsafe")
 
 
@@ -36,7 +34,7 @@ class OnceWarning:
             "message is logged once per process.",
             where,
             shape(),
-            PATCH_ID,
+            FIX.id,
             FELL_BACK,
         )
 

@@ -26,7 +26,7 @@ vLLM's eager path (:func:`eager_metadata`): the step's ``attn_metadata`` where
 the replay is the step's own or a draft prefill over the step's rows, the
 drafter's own metadata where a speculator builds one for its graph (DFlash's
 ``draft_attn_metadata``, the standalone drafter's ``prefill_attn_md``), never
-the target step's metadata a speculator was handed. Standard library only.
+the target step's metadata a speculator was handed.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import textwrap
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from vllm_graphsafe.recognition import called_name
 
 #: The replay call the branch is found by.
 REPLAY = "run_fullgraph"
@@ -104,7 +106,8 @@ def site_of(code: types.CodeType, module_globals: dict[str, Any]) -> Site:
     local_names = set(code.co_varnames) | set(code.co_cellvars)
     statements = _without_calls(branch.node.orelse, branch.calls_before_replay)
     inputs = sorted(
-        (_loaded(statements) & local_names) - _stored(statements) | {descriptor}
+        (_names(statements, ast.Load) & local_names) - _names(statements, ast.Store)
+        | {descriptor}
     )
     metadata = eager_metadata(statements, local_names)
     if metadata is None:
@@ -126,7 +129,7 @@ def eager_metadata(statements: list[ast.stmt], local_names: set[str]) -> str | N
     the replayed graph stands for), or None where they read none or several."""
     found = {
         name
-        for name in _loaded(statements) & local_names
+        for name in _names(statements, ast.Load) & local_names
         if _METADATA_NAME.search(name)
     }
     return found.pop() if len(found) == 1 else None
@@ -158,7 +161,7 @@ def replay_branch(function: ast.AST) -> Branch | None:
             if isinstance(statement, ast.Expr) and isinstance(
                 statement.value, ast.Call
             ):
-                name = _call_name(statement.value)
+                name = called_name(statement.value)
                 if name is not None:
                     before.add(name)
     return None
@@ -197,7 +200,7 @@ def _replay_of(
         value, output = statement.value, statement.targets[0].id
     if (
         isinstance(value, ast.Call)
-        and _call_name(value) == REPLAY
+        and called_name(value) == REPLAY
         and len(value.args) == 1
         and isinstance(value.args[0], ast.Name)
         and value.args[0].id == descriptor
@@ -206,20 +209,12 @@ def _replay_of(
     return None
 
 
-def _call_name(call: ast.Call) -> str | None:
-    if isinstance(call.func, ast.Attribute):
-        return call.func.attr
-    if isinstance(call.func, ast.Name):
-        return call.func.id
-    return None
-
-
 class _DropCalls(ast.NodeTransformer):
     def __init__(self, names: frozenset[str]) -> None:
         self.names = names
 
     def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
-        if isinstance(node.value, ast.Call) and _call_name(node.value) in self.names:
+        if isinstance(node.value, ast.Call) and called_name(node.value) in self.names:
             return ast.Pass(lineno=node.lineno, col_offset=node.col_offset)
         return node
 
@@ -229,21 +224,13 @@ def _without_calls(statements: list[ast.stmt], names: frozenset[str]) -> list[as
     return list(_DropCalls(names).visit(module).body)
 
 
-def _loaded(statements: list[ast.stmt]) -> set[str]:
+def _names(statements: list[ast.stmt], context: type[ast.expr_context]) -> set[str]:
+    """The names ``statements`` load (``ast.Load``) or store (``ast.Store``)."""
     return {
         node.id
         for statement in statements
         for node in ast.walk(statement)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-    }
-
-
-def _stored(statements: list[ast.stmt]) -> set[str]:
-    return {
-        node.id
-        for statement in statements
-        for node in ast.walk(statement)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, context)
     }
 
 

@@ -78,16 +78,13 @@ def uniform_flag(descriptor_class: type) -> Callable[[Any], bool]:
     """The reader of a batch descriptor's uniform (decode) flag, for this
     release's ``BatchDescriptor``; ``TypeError`` where it has none."""
     names = {field.name for field in dataclasses.fields(descriptor_class)}
-    for flag in UNIFORM_FLAGS:
-        if flag in names:
-            return _flag_reader(flag)
-    raise TypeError(
-        f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
-        "decode graph from a mixed one"
-    )
+    flag = next((flag for flag in UNIFORM_FLAGS if flag in names), None)
+    if flag is None:
+        raise TypeError(
+            f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
+            "decode graph from a mixed one"
+        )
 
-
-def _flag_reader(flag: str) -> Callable[[Any], bool]:
     def is_decode_graph(descriptor: Any) -> bool:
         return descriptor is not None and bool(getattr(descriptor, flag))
 

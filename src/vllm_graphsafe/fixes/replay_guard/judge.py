@@ -6,7 +6,7 @@ import ast
 from typing import Any, NamedTuple
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.behaviour.judgement import BEHAVIOUR, Evidence
+from vllm_graphsafe.behaviour.judgement import Evidence
 from vllm_graphsafe.fixes.replay_guard.eager_branch import METADATA_LOCAL, replay_branch
 from vllm_graphsafe.judging import FixJudge, Layout, Point, Requirement, SetsAttribute
 from vllm_graphsafe.sources import SourceReader
@@ -18,9 +18,7 @@ from vllm_graphsafe.vllm_layout import (
     MRV2_RUNNER,
 )
 
-WRAPPER_MODULE = CUDA_GRAPH
 WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
-MANAGER_MODULE = MRV2_CUDAGRAPH_UTILS
 #: The target model's replay, called by ``execute_model``.
 TARGET_REPLAY = "ModelCudaGraphManager.run_fullgraph"
 #: Every manager's replay (the speculators' managers inherit it).
@@ -58,26 +56,12 @@ def reads_prefill_counts(
         if not isinstance(call.func, ast.Name):
             continue
         for module in modules:
-            if not sources.defines(module, call.func.id):
-                continue
             helper = sources.function_node(module, call.func.id)
             if helper is not None and reads_prefill_counts(
                 sources, modules, helper, depth - 1
             ):
                 return True
     return False
-
-
-def assigned_names(node: ast.AST) -> set[str]:
-    """The names a function binds: its parameters and what it assigns."""
-    stored = {
-        child.id
-        for child in ast.walk(node)
-        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)
-    }
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        stored |= set(recognition.parameter_names(node))
-    return stored
 
 
 class ReplaysInBranch(NamedTuple):
@@ -91,7 +75,9 @@ class ReplaysInBranch(NamedTuple):
         node = sources.function_node(self.module, self.qualname)
         if node is None:
             return f"{self.module}.{self.qualname} is missing (read by {REPLAY})"
-        if replay_branch(node) is None or METADATA_LOCAL not in assigned_names(node):
+        if replay_branch(
+            node
+        ) is None or METADATA_LOCAL not in recognition.assigned_names(node):
             return (
                 f"{self.module}.{self.qualname} no longer replays its FULL graph "
                 f"in an if/else on the graph mode beside {METADATA_LOCAL} "
@@ -106,18 +92,18 @@ def layout(sources: SourceReader) -> dict[str, Any]:
 
 
 def points(layout: Layout) -> list[Point]:
-    found = [Point(WRAPPER_MODULE, WRAPPER_CALL, WRAPPER_ROLE)]
+    found = [Point(CUDA_GRAPH, WRAPPER_CALL, WRAPPER_ROLE)]
     if layout["mrv2"]:
         found += [
-            Point(MANAGER_MODULE, TARGET_REPLAY, TARGET_REPLAY_ROLE),
-            Point(MANAGER_MODULE, REPLAY, REPLAY_ROLE),
+            Point(MRV2_CUDAGRAPH_UTILS, TARGET_REPLAY, TARGET_REPLAY_ROLE),
+            Point(MRV2_CUDAGRAPH_UTILS, REPLAY, REPLAY_ROLE),
         ]
     return found
 
 
 def reads(layout: Layout) -> list[Requirement]:
     found: list[Requirement] = [
-        SetsAttribute(WRAPPER_MODULE, CUDA_GRAPH_WRAPPER_CLASS, name, WRAPPER_CALL)
+        SetsAttribute(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS, name, WRAPPER_CALL)
         for name in ("runtime_mode", "runnable")
     ]
     found += [
@@ -138,7 +124,7 @@ def mrv2_native_reason(sources: SourceReader) -> str | None:
     if node is None:
         return None
     branch = replay_branch(node)
-    modules = (MRV2_RUNNER, MANAGER_MODULE, CUDA_GRAPH)
+    modules = (MRV2_RUNNER, MRV2_CUDAGRAPH_UTILS, CUDA_GRAPH)
     if branch is None or not reads_prefill_counts(sources, modules, node):
         return None
     rebinds = sum(
@@ -163,10 +149,10 @@ def native_reason(sources: SourceReader) -> str | None:
     Model Runner V2 exists, its step does the same (:func:`mrv2_native_reason`).
     When unsure: needed.
     """
-    call = sources.function_node(WRAPPER_MODULE, WRAPPER_CALL)
+    call = sources.function_node(CUDA_GRAPH, WRAPPER_CALL)
     if call is None or not stores_attribute(call, "cudagraph_runtime_mode"):
         return None
-    if not reads_prefill_counts(sources, (WRAPPER_MODULE,), call):
+    if not reads_prefill_counts(sources, (CUDA_GRAPH,), call):
         return None
     if sources.exists(MRV2_RUNNER) and mrv2_native_reason(sources) is None:
         return None
@@ -183,12 +169,7 @@ def behaviour(sources: SourceReader) -> Evidence:
     from vllm_graphsafe.fixes.replay_guard.behaviour import judge_source
 
     evidence = judge_source(sources)
-    if (
-        not sources.exists(MRV2_RUNNER)
-        or evidence.how != BEHAVIOUR
-        or evidence.failed is not None
-        or evidence.could_not_run is not None
-    ):
+    if not sources.exists(MRV2_RUNNER) or not evidence.native:
         # Where the wrapper already fails a case (or could not run one), what
         # Model Runner V2's sites say cannot make the tree native.
         return evidence

@@ -20,9 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-#: The builders' count of rows they run as prefills.
-PREFILL_COUNT = "num_prefills"
-
 AttentionMetadata = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
@@ -35,7 +32,7 @@ def counting_layers(per_layer: Mapping[str, Any]) -> tuple[str, ...]:
         if id(metadata) in seen:
             continue
         seen.add(id(metadata))
-        if type(getattr(metadata, PREFILL_COUNT, None)) is int:
+        if type(getattr(metadata, "num_prefills", None)) is int:
             layers.append(name)
     return tuple(layers)
 

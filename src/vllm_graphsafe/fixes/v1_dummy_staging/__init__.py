@@ -1,9 +1,5 @@
-"""V1 runner: FULL dummy runs stage lengths, computed counts and positions that agree.
-
-This folder: the facts (here), the staging arithmetic (``logic``), the runtime
-hooks (``hooks``), the backport planner (``backport``) and the tests it writes
-(``written_tests``).
-"""
+"""V1 runner: FULL dummy runs stage lengths, computed counts and positions that
+agree (the staging arithmetic: ``logic``)."""
 
 from __future__ import annotations
 

@@ -126,9 +126,8 @@ def plan(tree: Tree) -> Plan:
     runner = tree.require(V1_RUNNER)
     owner = "GPUModelRunner._dummy_run"
     dummy = runner.function(owner)
-    for name in ("num_scheduled_tokens",):
-        if name not in assigned_names(dummy):
-            raise MissingSymbolError(f"local {name} of {owner}")
+    if "num_scheduled_tokens" not in assigned_names(dummy):
+        raise MissingSymbolError(f"local num_scheduled_tokens of {owner}")
     if not recognition.module_binds(runner.tree, "np") or not recognition.module_binds(
         runner.tree, "torch"
     ):
@@ -144,23 +143,10 @@ def plan(tree: Tree) -> Plan:
         )
     seq_lens_layout, seq_lens_np, seq_lens_sync = _seq_lens_layout(runner, dummy)
     method = _STAGE_METHOD.format(seq_lens_np=seq_lens_np, seq_lens_sync=seq_lens_sync)
-    assert build.end_lineno is not None
     edits = [
-        LineEdit(
-            runner.first_line(dummy),
-            runner.first_line(dummy),
-            indent_block(method, runner.indent_of(dummy)),
-        ),
-        LineEdit(
-            anchor.lineno - 1,
-            anchor.lineno - 1,
-            indent_block(_STAGE_CALL, runner.indent_of(anchor)),
-        ),
-        LineEdit(
-            build.end_lineno,
-            build.end_lineno,
-            indent_block(_RESTORE, runner.indent_of(build)),
-        ),
+        runner.insert_before(dummy, method),
+        runner.insert_before(anchor, _STAGE_CALL),
+        runner.insert_after(build, _RESTORE),
     ]
     plan = Plan(
         FIX.id,
@@ -203,9 +189,5 @@ def _dcp_helper_consumes_staged_positions(
     ):
         start = previous
     assert store.end_lineno is not None
-    edit = LineEdit(
-        start.lineno - 1,
-        store.end_lineno,
-        indent_block(_DCP_CONSUMES_STAGED, cp_utils.indent_of(store)),
-    )
-    return cp_utils, [edit]
+    text = indent_block(_DCP_CONSUMES_STAGED, cp_utils.indent_of(store))
+    return cp_utils, [LineEdit(start.lineno - 1, store.end_lineno, text)]

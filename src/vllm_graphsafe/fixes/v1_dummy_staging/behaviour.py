@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_graphsafe.behaviour.compiled import shared_code
+from vllm_graphsafe.behaviour.compiled import compiled_runner
 from vllm_graphsafe.behaviour.fakes import Fake, descriptor, member
 from vllm_graphsafe.behaviour.judgement import (
     CannotRun,
@@ -31,7 +31,7 @@ from vllm_graphsafe.behaviour.judgement import (
     Outcome,
     judge_cases,
 )
-from vllm_graphsafe.behaviour.live import live_instance
+from vllm_graphsafe.behaviour.live import live_runner
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER, V1_RUNNER_CLASS
 
@@ -246,13 +246,10 @@ def _arrays_agree(
     return None
 
 
-class Target:
-    def __init__(
-        self, make: Callable[[dict[str, Any]], Any], modes: Any, descriptor_type: Any
-    ) -> None:
-        self.make = make
-        self.modes = modes
-        self.descriptor_type = descriptor_type
+class Target(NamedTuple):
+    make: Callable[[dict[str, Any]], Any]
+    modes: Any
+    descriptor_type: Any
 
     def run(self, case: Case[DummyRun]) -> Outcome:
         runner = self.make(runner_state(case.step, self.modes, self.descriptor_type))
@@ -272,20 +269,9 @@ class Target:
 
 def judge_source(sources: SourceReader) -> Evidence:
     """The cases on ``_dummy_run`` compiled from ``sources`` (never imported)."""
-    code = shared_code(sources)
-    target = Target(
-        lambda state: code.instance(V1_RUNNER, V1_RUNNER_CLASS, state),
-        code.name_or_none(V1_RUNNER, "CUDAGraphMode"),
-        code.name_or_none(V1_RUNNER, "BatchDescriptor"),
-    )
+    target = Target(*compiled_runner(sources, V1_RUNNER, V1_RUNNER_CLASS))
     return judge_cases(cases(), target.run)
 
 
 def judge_live(runner_class: type) -> Evidence:
-    module_globals = vars(__import__(runner_class.__module__, fromlist=["_"]))
-    target = Target(
-        lambda state: live_instance(runner_class, state, {}),
-        module_globals.get("CUDAGraphMode"),
-        module_globals.get("BatchDescriptor"),
-    )
-    return judge_cases(cases(), target.run)
+    return judge_cases(cases(), Target(*live_runner(runner_class, {})).run)

@@ -23,9 +23,6 @@ from vllm_graphsafe.vllm_layout import (
     V1_RUNNER_CLASS,
 )
 
-RUNNER_MODULE = V1_RUNNER
-INPUT_BATCH_MODULE = V1_INPUT_BATCH
-CP_UTILS_MODULE = V1_CP_UTILS
 DUMMY_RUN = "GPUModelRunner._dummy_run"
 DCP_HELPER = "prepare_dcp_dummy_context_metadata"
 BUILD_METADATA = "GPUModelRunner._build_attention_metadata"
@@ -52,41 +49,39 @@ def layout(sources: SourceReader) -> dict[str, Any]:
     """``stages_at_dcp_helper``: ``_dummy_run`` calls the DCP helper after
     staging ``seq_lens`` (0.27+); before, the staging is read at the build of
     the attention metadata."""
-    return {"stages_at_dcp_helper": sources.calls(RUNNER_MODULE, DUMMY_RUN, DCP_HELPER)}
+    return {"stages_at_dcp_helper": sources.calls(V1_RUNNER, DUMMY_RUN, DCP_HELPER)}
 
 
 def points(layout: Layout) -> list[Point]:
     staged_at = DCP_HELPER if layout["stages_at_dcp_helper"] else BUILD_METADATA
     return [
-        Point(RUNNER_MODULE, DUMMY_RUN, DUMMY_RUN_ROLE),
-        Point(RUNNER_MODULE, staged_at, STAGING_ROLE, caller=DUMMY_RUN),
+        Point(V1_RUNNER, DUMMY_RUN, DUMMY_RUN_ROLE),
+        Point(V1_RUNNER, staged_at, STAGING_ROLE, caller=DUMMY_RUN),
     ]
 
 
 def reads(layout: Layout) -> list[Requirement]:
     found: list[Requirement] = [
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, DUMMY_RUN)
+        SetsAttribute(V1_RUNNER, "GPUModelRunner", name, DUMMY_RUN)
         for name in ("input_batch", "optimistic_seq_lens_cpu", "seq_lens")
     ]
     found.append(
         SetsAttribute(
-            INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
+            V1_INPUT_BATCH, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
         )
     )
     if layout["stages_at_dcp_helper"]:
         found.append(
-            TakesParameters(
-                CP_UTILS_MODULE, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER
-            )
+            TakesParameters(V1_CP_UTILS, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER)
         )
         return found
     found += [
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", name, BUILD_METADATA)
+        SetsAttribute(V1_RUNNER, "GPUModelRunner", name, BUILD_METADATA)
         for name in ("query_start_loc", "positions")
     ]
     found.append(
         TakesParameters(
-            RUNNER_MODULE, BUILD_METADATA, BUILD_METADATA_PARAMETERS, BUILD_METADATA
+            V1_RUNNER, BUILD_METADATA, BUILD_METADATA_PARAMETERS, BUILD_METADATA
         )
     )
     return found
@@ -94,14 +89,14 @@ def reads(layout: Layout) -> list[Requirement]:
 
 def native_reason(sources: SourceReader) -> str | None:
     """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
-    dummy_run = sources.function_node(RUNNER_MODULE, DUMMY_RUN)
+    dummy_run = sources.function_node(V1_RUNNER, DUMMY_RUN)
     if dummy_run is None:
         return None
     candidates = [DUMMY_RUN] + [
         f"GPUModelRunner.{name}" for name in recognition.self_methods_called(dummy_run)
     ]
     for qualname in candidates:
-        node = sources.function_node(RUNNER_MODULE, qualname)
+        node = sources.function_node(V1_RUNNER, qualname)
         if node is not None and all(
             recognition.stores_into_subscript_of(node, column)
             for column in _STAGED_COLUMNS
@@ -117,7 +112,7 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = imported_class(RUNNER_MODULE, V1_RUNNER_CLASS)
+    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
     if runner_class is None:
         return None
     from vllm_graphsafe.fixes.v1_dummy_staging.behaviour import judge_live

@@ -2,10 +2,8 @@
 
 "A decode" as the runner's attention metadata builders see the row: with K
 speculative tokens, a row that schedules exactly 1 + its drafts; without, one
-token over prior state. This folder: the facts (here), the runtime hooks
-(``hooks``, and ``early`` for workers that classify a step before the runner
-updates its state), the backport planner (``backport``) and the tests it
-writes (``written_tests``); the row rules live in ``fixes.phase_rows`` and
+token over prior state. ``early`` hooks the workers that classify a step before
+the runner updates its state; the row rules live in ``fixes.phase_rows`` and
 ``fixes.scheduled_rows``.
 """
 

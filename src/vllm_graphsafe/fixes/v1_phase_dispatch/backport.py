@@ -23,15 +23,9 @@ from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
     edit,
-    require_attributes,
     written_test_path,
 )
-from vllm_graphsafe.tree_edits.source import (
-    LineEdit,
-    MissingSymbolError,
-    SourceFile,
-    indent_block,
-)
+from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
 from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
@@ -163,15 +157,18 @@ if (
 
 def plan(tree: Tree) -> Plan:
     runner = tree.require(V1_RUNNER)
-    owner = DISPATCH
-    dispatch = runner.function(owner)
+    dispatch = runner.function(DISPATCH)
     shape_rule = runner.function("GPUModelRunner._is_uniform_decode")
     for parameter in ("num_reqs", "force_uniform_decode"):
         if parameter not in recognition.parameter_names(dispatch):
-            raise MissingSymbolError(f"parameter {parameter} of {owner}")
-    require_attributes(tree, V1_INPUT_BATCH, "InputBatch", _V1_PHASE_COLUMNS)
-    require_attributes(tree, V1_RUNNER, "GPUModelRunner", _V1_RUNNER_COLUMNS)
-    classification = direct_call_assignment(dispatch, "_is_uniform_decode", owner)
+            raise MissingSymbolError(f"parameter {parameter} of {DISPATCH}")
+    tree.require(V1_INPUT_BATCH).require_class(
+        "InputBatch", ("num_computed_tokens_cpu",)
+    )
+    runner.require_class(
+        "GPUModelRunner", ("num_decode_draft_tokens", "uniform_decode_query_len")
+    )
+    classification = direct_call_assignment(dispatch, "_is_uniform_decode", DISPATCH)
     name = classification.targets[0].id  # type: ignore[attr-defined]
     worker = tree.source(V1_WORKER) if tree.exists(V1_WORKER) else None
     early = worker is not None and recognition.calls_name(worker.tree, _DISPATCH_NAME)
@@ -179,7 +176,6 @@ def plan(tree: Tree) -> Plan:
         runner.function("GPUModelRunner._prepare_inputs")
     )
     counting = _draft_counting(runner) if early else None
-    indent = runner.indent_of(shape_rule)
     methods = _HAS_PREFILL_METHOD.format(
         parameters=_STEP_PARAMETERS if early else _PARAMETERS,
         drafting_doc=_DRAFTING_DOC if drafting_only else "",
@@ -193,24 +189,14 @@ def plan(tree: Tree) -> Plan:
             loop_over=_EACH_REQUEST if counting.past_prompt else _EACH_REQUEST_WIDTH,
             counted=_COUNTED_PAST_PROMPT if counting.past_prompt else _COUNTED_BY_WIDTH,
         )
-    assert shape_rule.end_lineno is not None and classification.end_lineno is not None
     guard = _PHASE_GUARD.format(name=name, step_argument=f", {_STEP}" if early else "")
     edits = [
-        LineEdit(
-            shape_rule.end_lineno,
-            shape_rule.end_lineno,
-            "\n" + indent_block(methods.rstrip("\n") + "\n", indent),
-        ),
-        LineEdit(
-            classification.end_lineno,
-            classification.end_lineno,
-            indent_block(guard, runner.indent_of(classification)),
-        ),
+        runner.insert_after(shape_rule, "\n" + methods.rstrip("\n") + "\n"),
+        runner.insert_after(classification, guard),
     ]
     layout = "V1 runner"
     names = ["GPUModelRunner._has_prefill_request"]
     if early:
-        assert worker is not None
         edits += _hand_the_step_to_the_runner_dispatch(runner, dispatch)
         layout += " and worker (its early call under PP + SP hands over the step)"
         names.append("GPUModelRunner._has_scheduled_prefill_request")
@@ -338,7 +324,3 @@ def _append_parameter(
 def _indent(source: SourceFile, line_number: int) -> str:
     line = source.lines[line_number - 1]
     return line[: len(line) - len(line.lstrip())]
-
-
-_V1_PHASE_COLUMNS = ("num_computed_tokens_cpu",)
-_V1_RUNNER_COLUMNS = ("num_decode_draft_tokens", "uniform_decode_query_len")

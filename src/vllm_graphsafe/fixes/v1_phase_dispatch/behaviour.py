@@ -23,14 +23,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_graphsafe.behaviour.compiled import parameters_of, shared_code
+from vllm_graphsafe.behaviour.compiled import compiled_runner, keyword_arguments
 from vllm_graphsafe.behaviour.fakes import (
     OVERRIDES,
     Fake,
     GraphDispatcher,
     ReachedSync,
+    Row,
+    chunk_rows,
+    decode_row,
+    fresh_row,
     member,
     mode_name,
+    req_id,
+    scheduler_output,
 )
 from vllm_graphsafe.behaviour.judgement import (
     CannotRun,
@@ -38,9 +44,10 @@ from vllm_graphsafe.behaviour.judgement import (
     Evidence,
     Expect,
     Outcome,
+    graph_outcome,
     judge_cases,
 )
-from vllm_graphsafe.behaviour.live import live_instance
+from vllm_graphsafe.behaviour.live import live_runner
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     draft_counts_only_on_drafting_steps,
 )
@@ -48,41 +55,8 @@ from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER, V1_RUNNER_CLASS
 
 DISPATCH = "_determine_batch_execution_and_padding"
-#: The cross-rank sync the dispatch calls under data parallelism.
 SPECULATIVE_WIDTHS = (0, 1, 2, 5)
 MAX_ROWS = 16
-#: Values of the dispatch's parameters a case supplies, by name.
-_SUPPLIED = (
-    "num_tokens",
-    "num_reqs",
-    "num_scheduled_tokens_np",
-    "max_num_scheduled_tokens",
-    "use_cascade_attn",
-    "scheduler_output",
-)
-
-
-class Row(NamedTuple):
-    """One request of the step: its prompt, what it computed before the step,
-    what the step schedules for it (drafts included) and how many drafts."""
-
-    prompt: int
-    computed: int
-    scheduled: int
-    drafts: int = 0
-    #: First scheduled this step (the scheduler output's new requests).
-    new: bool = False
-
-    @property
-    def draft_count(self) -> int:
-        """The builders' count for the row (``num_decode_draft_tokens``): its
-        drafts where it schedules exactly 1 + drafts, 0 for a one-token decode
-        past its prompt, -1 (not a decode) otherwise."""
-        if self.drafts and self.scheduled == self.drafts + 1:
-            return self.drafts
-        if self.scheduled == 1 and self.computed >= self.prompt:
-            return 0
-        return -1
 
 
 class Step(NamedTuple):
@@ -97,95 +71,72 @@ class Step(NamedTuple):
     after_drafting_step: bool = False
 
 
-def _decode(k: int, offset: int = 0) -> Row:
-    return Row(prompt=12 + offset, computed=40 + offset, scheduled=k + 1, drafts=k)
-
-
-def _fresh(k: int) -> Row:
-    return Row(prompt=k + 1, computed=0, scheduled=k + 1, new=True)
-
-
 def cases() -> list[Case[Step]]:
     """The hazard and its neighbours, for K = 0, 1, 2 and 5."""
     found: list[Case[Step]] = []
     off, on = Expect.KEPT_OFF, Expect.KEPT_ON
     for k in SPECULATIVE_WIDTHS:
         q = k + 1
-        width = f"K={k}"
-        found += [
-            Case(f"a fresh {q}-token prompt ({width})", off, Step(k, (_fresh(k),))),
-            Case(
-                f"two fresh {q}-token prompts together ({width})",
-                off,
-                Step(k, (_fresh(k), _fresh(k))),
-            ),
-            Case(
-                f"a {q}-token prompt beside a decode ({width})",
-                off,
-                Step(k, (_decode(k), _fresh(k))),
-            ),
+        fresh, decode = fresh_row(k), decode_row(k)
+        named = [
+            (f"a fresh {q}-token prompt", off, Step(k, (fresh,))),
+            (f"two fresh {q}-token prompts together", off, Step(k, (fresh, fresh))),
+            (f"a {q}-token prompt beside a decode", off, Step(k, (decode, fresh))),
         ]
         if k:
             # Without speculation one prompt token over prior state is a
             # decode to the builders: only a prompt's first chunk is a hazard.
-            found += [
-                Case(
-                    f"the {q}-token tail of a chunked {256 + q}-token prompt ({width})",
-                    off,
-                    Step(k, (Row(256 + q, 256, q),)),
-                ),
-                Case(
-                    f"a {16 + q}-token prompt after a 16-token prefix-cache hit "
-                    f"({width})",
-                    off,
-                    Step(k, (Row(16 + q, 16, q, new=True),)),
-                ),
-                Case(
-                    f"{q} output tokens recomputed after preemption ({width})",
+            named += [(name, off, Step(k, (row,))) for name, row in chunk_rows(k)]
+            named += [
+                (
+                    f"{q} output tokens recomputed after preemption",
                     off,
                     Step(k, (Row(10, 30, q),)),
                 ),
-                Case(
-                    f"a fresh {q}-token prompt right after a drafting step ({width})",
+                (
+                    f"a fresh {q}-token prompt right after a drafting step",
                     off,
-                    Step(k, (_fresh(k),), after_drafting_step=True),
+                    Step(k, (fresh,), after_drafting_step=True),
                 ),
             ]
-        found += [
-            Case(
-                f"a {q}-token prompt on a data-parallel rank whose peer decodes "
-                f"({width})",
+        named += [
+            (
+                f"a {q}-token prompt on a data-parallel rank whose peer decodes",
                 off,
-                Step(k, (_fresh(k),), dp_size=2),
+                Step(k, (fresh,), dp_size=2),
             ),
-            Case(
-                f"a pure decode batch of 3 rows ({width})",
+            (
+                "a pure decode batch of 3 rows",
                 on,
-                Step(k, (_decode(k), _decode(k, 1), _decode(k, 2))),
+                Step(k, (decode, decode_row(k, 1), decode_row(k, 2))),
             ),
-            Case(
-                f"a decode with a prompt's row left past the batch ({width})",
+            (
+                "a decode with a prompt's row left past the batch",
                 on,
-                Step(k, (_decode(k),), stale=(_fresh(k),)),
+                Step(k, (decode,), stale=(fresh,)),
             ),
-            Case(
-                f"a decode on a data-parallel rank ({width})",
-                on,
-                Step(k, (_decode(k),), dp_size=2),
-            ),
+            ("a decode on a data-parallel rank", on, Step(k, (decode,), dp_size=2)),
         ]
+        found += [Case(f"{name} (K={k})", expect, step) for name, expect, step in named]
     return found
 
 
 # -- the runner, as vLLM holds the step when it dispatches ----------------------
 
 
-def _req_id(index: int) -> str:
-    return f"req-{index}"
+def _draft_count(row: Row) -> int:
+    """The builders' count for the row (``num_decode_draft_tokens``): its
+    drafts where it schedules exactly 1 + drafts, 0 for a one-token decode
+    past its prompt, -1 (not a decode) otherwise."""
+    if row.drafts and row.scheduled == row.drafts + 1:
+        return row.drafts
+    if row.scheduled == 1 and row.computed >= row.prompt:
+        return 0
+    return -1
 
 
 def runner_state(
-    step: Step, dispatcher: GraphDispatcher, counts_only_when_drafting: bool = False
+    step: Step, dispatcher: GraphDispatcher, counts_only_when_drafting: bool
 ) -> dict[str, Any]:
     """The fake runner's attributes for ``step``; ``counts_only_when_drafting``:
     the release's ``_prepare_inputs`` leaves the draft counts as they were on a
@@ -201,15 +152,15 @@ def runner_state(
         prompt[index] = row.prompt
         drafts[index] = [0] * row.drafts
     for index, row in enumerate(step.rows):
-        counts[index] = row.draft_count if step.k else -1
+        counts[index] = _draft_count(row) if step.k else -1
     schedules_drafts = any(row.drafts for row in step.rows)
     if step.after_drafting_step and counts_only_when_drafting and not schedules_drafts:
         counts[: len(step.rows)] = step.k
-    req_ids = [_req_id(i) for i in range(len(rows))]
+    req_ids = [req_id(i) for i in range(len(rows))]
     requests = {
-        _req_id(i): Fake(
+        req_id(i): Fake(
             "CachedRequestState",
-            req_id=_req_id(i),
+            req_id=req_id(i),
             num_prompt_tokens=row.prompt,
             num_computed_tokens=row.computed,
             prompt_token_ids=list(range(row.prompt)),
@@ -262,29 +213,21 @@ def runner_state(
     }
 
 
-def scheduler_output(step: Step) -> Fake:
+def _scheduler_output(step: Step) -> Fake:
     """The step's ``SchedulerOutput``, for a dispatch that reads it."""
-    scheduled = {_req_id(i): row.scheduled for i, row in enumerate(step.rows)}
     new = [
         Fake(
             "NewRequestData",
-            req_id=_req_id(i),
+            req_id=req_id(i),
             prompt_token_ids=list(range(row.prompt)),
             num_computed_tokens=row.computed,
         )
         for i, row in enumerate(step.rows)
         if row.new
     ]
-    cached = [(_req_id(i), row) for i, row in enumerate(step.rows) if not row.new]
-    return Fake(
-        "SchedulerOutput",
-        num_scheduled_tokens=scheduled,
-        total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={
-            _req_id(i): [0] * row.drafts
-            for i, row in enumerate(step.rows)
-            if row.drafts
-        },
+    cached = [(req_id(i), row) for i, row in enumerate(step.rows) if not row.new]
+    return scheduler_output(
+        step.rows,
         scheduled_new_reqs=new,
         scheduled_cached_reqs=Fake(
             "CachedRequestData",
@@ -305,39 +248,23 @@ def dispatch_arguments(dispatch: Callable[..., Any], step: Step) -> dict[str, An
         "num_scheduled_tokens_np": scheduled,
         "max_num_scheduled_tokens": int(scheduled.max()),
         "use_cascade_attn": False,
-        "scheduler_output": scheduler_output(step),
+        "scheduler_output": _scheduler_output(step),
     }
-    try:
-        parameters = list(parameters_of(dispatch))
-    except (TypeError, ValueError) as error:
-        raise CannotRun(f"its signature cannot be read ({error})") from error
-    arguments: dict[str, Any] = {}
-    for parameter in parameters:
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if parameter.name in values:
-            arguments[parameter.name] = values[parameter.name]
-        elif parameter.default is parameter.empty:
-            raise CannotRun(
-                f"{DISPATCH} takes {parameter.name}, which no case supplies"
-            )
-    return arguments
+
+    def unsupplied(name: str) -> Any:
+        raise CannotRun(f"{DISPATCH} takes {name}, which no case supplies")
+
+    return keyword_arguments(dispatch, values, unsupplied)
 
 
-class Target:
+class Target(NamedTuple):
     """One way of building the runner: compiled from source, or the live class."""
 
-    def __init__(
-        self,
-        make_runner: Callable[[dict[str, Any]], Any],
-        modes: Any,
-        descriptor_type: Any,
-        counts_only_when_drafting: bool,
-    ) -> None:
-        self.make_runner = make_runner
-        self.modes = modes
-        self.descriptor_type = descriptor_type
-        self.counts_only_when_drafting = counts_only_when_drafting
+    make_runner: Callable[[dict[str, Any]], Any]
+    modes: Any
+    descriptor_type: Any
+    #: 0.20-0.31 (see :func:`runner_state`).
+    counts_only_when_drafting: bool
 
     def run(self, case: Case[Step]) -> Outcome:
         step = case.step
@@ -358,7 +285,7 @@ class Target:
         if name is None:
             if not dispatcher.calls:
                 raise CannotRun(f"{DISPATCH} returned no graph mode")
-            name = dispatcher.calls[-1].mode
+            name = dispatcher.calls[-1]
         return _judged(case, name == "FULL")
 
 
@@ -373,35 +300,22 @@ def _offered_full(offered: dict[str, Any], modes: Any) -> bool:
 
 def _judged(case: Case[Step], full: bool) -> Outcome:
     said = "got the FULL decode graph" if full else "ran without the FULL decode graph"
-    right = (not full) if case.expect is Expect.KEPT_OFF else full
-    return Outcome(right, said)
+    return graph_outcome(case, full, said)
 
 
 def judge_source(sources: SourceReader) -> Evidence:
     """The cases on the runner compiled from ``sources`` (never imported)."""
-    code = shared_code(sources)
     target = Target(
-        lambda state: code.instance(V1_RUNNER, V1_RUNNER_CLASS, state),
-        code.name_or_none(V1_RUNNER, "CUDAGraphMode"),
-        code.name_or_none(V1_RUNNER, "BatchDescriptor"),
-        counts_only_when_drafting(sources),
+        *compiled_runner(sources, V1_RUNNER, V1_RUNNER_CLASS),
+        draft_counts_only_on_drafting_steps(sources),
     )
     return judge_cases(cases(), target.run)
 
 
 def judge_live(runner_class: type, installed: SourceReader) -> Evidence:
     """The cases on the installed runner class's own methods."""
-    module_globals = vars(__import__(runner_class.__module__, fromlist=["_"]))
     target = Target(
-        lambda state: live_instance(runner_class, state, OVERRIDES),
-        module_globals.get("CUDAGraphMode"),
-        module_globals.get("BatchDescriptor"),
-        counts_only_when_drafting(installed),
+        *live_runner(runner_class, OVERRIDES),
+        draft_counts_only_on_drafting_steps(installed),
     )
     return judge_cases(cases(), target.run)
-
-
-def counts_only_when_drafting(sources: SourceReader) -> bool:
-    """0.20-0.31: ``_prepare_inputs`` counts the rows' drafts only on a step
-    that schedules some (see the hooks' own question)."""
-    return draft_counts_only_on_drafting_steps(sources)

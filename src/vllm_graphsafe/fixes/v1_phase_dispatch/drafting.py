@@ -5,14 +5,12 @@ test (:class:`~vllm_graphsafe.fixes.scheduled_rows.DraftCounting`)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER
 
-RUNNER_MODULE = V1_RUNNER
 _PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
 #: The local that decides whether the step counts drafts.
 _DECISION = "use_spec_decode"
@@ -24,7 +22,7 @@ def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
     the speculative config); on any other step the column still holds the last
     drafting step's counts. Where the source says neither, assume so (the
     check it adds is exact either way)."""
-    prepare = sources.function_node(RUNNER_MODULE, _PREPARE_INPUTS)
+    prepare = sources.function_node(V1_RUNNER, _PREPARE_INPUTS)
     return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
 
 
@@ -32,26 +30,19 @@ def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
     """Whether this ``_prepare_inputs`` decides to count drafts from the step's
     scheduled drafts (its first decision in the def's own order); True where
     it says neither."""
-    decisions = sorted(
-        _decisions(prepare_inputs), key=lambda a: (a.lineno, a.col_offset)
-    )
-    return not decisions or _counts_from_scheduled(decisions[0])
-
-
-def _decisions(node: ast.AST) -> Iterator[ast.Assign]:
-    """The assignments to ``use_spec_decode`` in ``node``, in ``ast.walk``'s order."""
-    for child in ast.walk(node):
-        if isinstance(child, ast.Assign) and any(
+    decisions = [
+        node
+        for node in ast.walk(prepare_inputs)
+        if isinstance(node, ast.Assign)
+        and any(
             isinstance(target, ast.Name) and target.id == _DECISION
-            for target in child.targets
-        ):
-            yield child
-
-
-def _counts_from_scheduled(decision: ast.Assign) -> bool:
-    return "scheduled_spec_decode_tokens" in recognition.referenced_names(
-        decision.value
-    )
+            for target in node.targets
+        )
+    ]
+    if not decisions:
+        return True
+    first = min(decisions, key=lambda node: (node.lineno, node.col_offset))
+    return "scheduled_spec_decode_tokens" in recognition.referenced_names(first.value)
 
 
 _DRAFT_COLUMN = "num_decode_draft_tokens"

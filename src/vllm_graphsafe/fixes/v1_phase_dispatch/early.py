@@ -123,49 +123,41 @@ class ScheduledStepRule:
     """Whether every row of the step a runner executes is a decode, read from
     the step's scheduler output, with the release's way of counting drafts
     (None where its ``_prepare_inputs`` counts them in a way this plugin does
-    not recognise: a step with drafts then fails the fix open)."""
+    not recognise: a step with drafts then fails the fix open). Prompt lengths
+    come from the new requests, else from the runner's request table."""
 
     def __init__(self, counting: DraftCounting | None) -> None:
         self._counting = counting
 
-    def counting(self) -> DraftCounting:
-        if self._counting is None:
+    def __call__(self, runner: Any, decode_query_len: int) -> bool:
+        step = held_step(runner)
+        num_drafts = decode_query_len - 1
+        counting = self._counting if num_drafts else DraftCounting()
+        if counting is None:
             raise LookupError(
                 f"{PREPARE_INPUTS} counts draft tokens in a way this plugin "
                 "does not recognise"
             )
-        return self._counting
+        new_requests = step.scheduled_new_reqs
+        computed = {
+            request.req_id: request.num_computed_tokens for request in new_requests
+        }
+        cached = step.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        new_by_id = {request.req_id: request for request in new_requests}
 
-    def __call__(self, runner: Any, decode_query_len: int) -> bool:
-        step = held_step(runner)
-        num_drafts = decode_query_len - 1
-        counting = self.counting() if num_drafts else DraftCounting()
-        return step_rows_are_decodes(runner, step, num_drafts, counting)
+        def prompt_length(req_id: str) -> int:
+            request = new_by_id.get(req_id)
+            if request is None:
+                return int(runner.requests[req_id].num_prompt_tokens)
+            tokens = request.prompt_token_ids
+            return len(tokens if tokens is not None else request.prompt_embeds)
 
-
-def step_rows_are_decodes(
-    runner: Any, step: Any, num_drafts: int, counting: DraftCounting
-) -> bool:
-    """:func:`scheduled_rows_are_decodes` over a scheduler output; prompt
-    lengths from the new requests, else from the runner's request table."""
-    new_requests = step.scheduled_new_reqs
-    computed = {request.req_id: request.num_computed_tokens for request in new_requests}
-    cached = step.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-    new_by_id = {request.req_id: request for request in new_requests}
-
-    def prompt_length(req_id: str) -> int:
-        request = new_by_id.get(req_id)
-        if request is None:
-            return int(runner.requests[req_id].num_prompt_tokens)
-        tokens = request.prompt_token_ids
-        return len(tokens if tokens is not None else request.prompt_embeds)
-
-    return scheduled_rows_are_decodes(
-        step.num_scheduled_tokens,
-        step.scheduled_spec_decode_tokens,
-        computed,
-        prompt_length,
-        num_drafts,
-        counting,
-    )
+        return scheduled_rows_are_decodes(
+            step.num_scheduled_tokens,
+            step.scheduled_spec_decode_tokens,
+            computed,
+            prompt_length,
+            num_drafts,
+            counting,
+        )

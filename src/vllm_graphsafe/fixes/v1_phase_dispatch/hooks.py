@@ -85,22 +85,6 @@ _SHAPE_RULE_PARAMETERS = (
 ShapeRule = Callable[[int, int, int, int, "bool | None"], bool]
 
 
-def _static_shape_rule(original: Any) -> ShapeRule:
-    """vLLM's static rule, or ``TypeError`` for anything else."""
-    rule = original.__func__ if isinstance(original, staticmethod) else original
-    if not inspect.isfunction(rule):
-        raise TypeError(f"{SHAPE_RULE} is {type(original).__name__}, not the static")
-    # Not through functools.wraps' __wrapped__: a runner method has a ``self``
-    # that the static rule must not have.
-    parameters = tuple(inspect.signature(rule, follow_wrapped=False).parameters)
-    if parameters != _SHAPE_RULE_PARAMETERS:
-        raise TypeError(
-            f"{SHAPE_RULE} takes {parameters}, not the static "
-            f"{_SHAPE_RULE_PARAMETERS} this patch binds to"
-        )
-    return rule
-
-
 def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
     """Whether the batch's first row was handed ``num_drafts`` drafts this step
     (the input batch keeps each row's scheduled drafts, refreshed every step):
@@ -226,27 +210,23 @@ def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
 
     With speculation, a runner without the builders' draft counts (built with
     its input batch alone, as upstream's tests build one) is read from its
-    input batch: :func:`rows_past_prompt_with_drafts`.
+    input batch: :func:`rows_past_prompt_with_drafts` (by prompt length alone
+    where the batch lists no drafts, ``spec_token_ids``).
     """
     if decode_query_len > 1:
         try:
             column = runner.num_decode_draft_tokens.np
         except AttributeError:
-            return rows_decode_by_prompt(runner.input_batch, num_reqs, decode_query_len)
+            batch = runner.input_batch
+            return rows_past_prompt_with_drafts(
+                batch.num_computed_tokens_cpu,
+                batch.num_prompt_tokens,
+                getattr(batch, "spec_token_ids", None),
+                num_reqs,
+                decode_query_len - 1,
+            )
         return rows_are_speculative_decodes(column, num_reqs, decode_query_len - 1)
     return rows_have_prior_state(runner.input_batch.num_computed_tokens_cpu, num_reqs)
-
-
-def rows_decode_by_prompt(batch: Any, num_reqs: int, decode_query_len: int) -> bool:
-    """:func:`rows_past_prompt_with_drafts` over an input batch; where the
-    batch lists no drafts (``spec_token_ids``), by prompt length alone."""
-    return rows_past_prompt_with_drafts(
-        batch.num_computed_tokens_cpu,
-        batch.num_prompt_tokens,
-        getattr(batch, "spec_token_ids", None),
-        num_reqs,
-        decode_query_len - 1,
-    )
 
 
 def bind_phase_aware_shape_rule(
@@ -257,9 +237,18 @@ def bind_phase_aware_shape_rule(
     stale_draft_counts: bool = False,
 ) -> PhaseAwareShapeRule:
     """The :class:`ReplaceHook` factory; ``TypeError`` unless vLLM's static rule."""
-    return PhaseAwareShapeRule(
-        _static_shape_rule(original), on_failure, step_rule, stale_draft_counts
-    )
+    rule = original.__func__ if isinstance(original, staticmethod) else original
+    if not inspect.isfunction(rule):
+        raise TypeError(f"{SHAPE_RULE} is {type(original).__name__}, not the static")
+    # Not through functools.wraps' __wrapped__: a runner method has a ``self``
+    # that the static rule must not have.
+    parameters = tuple(inspect.signature(rule, follow_wrapped=False).parameters)
+    if parameters != _SHAPE_RULE_PARAMETERS:
+        raise TypeError(
+            f"{SHAPE_RULE} takes {parameters}, not the static "
+            f"{_SHAPE_RULE_PARAMETERS} this patch binds to"
+        )
+    return PhaseAwareShapeRule(rule, on_failure, step_rule, stale_draft_counts)
 
 
 def hook_points(verdict: Verdict) -> list[HookPoint]:

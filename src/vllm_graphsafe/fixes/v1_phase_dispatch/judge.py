@@ -30,9 +30,6 @@ from vllm_graphsafe.vllm_layout import (
     V1_WORKER,
 )
 
-RUNNER_MODULE = V1_RUNNER
-WORKER_MODULE = V1_WORKER
-INPUT_BATCH_MODULE = V1_INPUT_BATCH
 DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
 SHAPE_RULE = "GPUModelRunner._is_uniform_decode"
 WORKER_EXECUTE = "Worker.execute_model"
@@ -70,10 +67,10 @@ def layout(sources: SourceReader) -> dict[str, Any]:
     ``draft_counting`` is how ``_prepare_inputs`` counts drafts (None:
     unrecognised). ``stale_draft_counts``: the draft counts are written only
     on steps that schedule drafts (0.20-0.31)."""
-    early = sources.module_calls(WORKER_MODULE, _DISPATCH_NAME)
+    early = sources.module_calls(V1_WORKER, _DISPATCH_NAME)
     counting = None
     if early:
-        prepare = sources.function_node(RUNNER_MODULE, PREPARE_INPUTS)
+        prepare = sources.function_node(V1_RUNNER, PREPARE_INPUTS)
         found = None if prepare is None else recognise_draft_counting(prepare)
         counting = None if found is None else vars(found)
     return {
@@ -84,28 +81,21 @@ def layout(sources: SourceReader) -> dict[str, Any]:
 
 
 def points(layout: Layout) -> list[Point]:
-    found = [Point(RUNNER_MODULE, SHAPE_RULE, SHAPE_RULE_ROLE, caller=DISPATCH)]
+    found = [Point(V1_RUNNER, SHAPE_RULE, SHAPE_RULE_ROLE, caller=DISPATCH)]
     if layout["classifies_early"]:
-        found.append(Point(WORKER_MODULE, WORKER_EXECUTE, HOLD_STEPS_ROLE))
+        found.append(Point(V1_WORKER, WORKER_EXECUTE, HOLD_STEPS_ROLE))
     return found
 
 
 def reads(layout: Layout) -> list[Requirement]:
-    found: list[Requirement] = [
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "input_batch", SHAPE_RULE),
-        SetsAttribute(
-            INPUT_BATCH_MODULE, "InputBatch", "num_computed_tokens_cpu", SHAPE_RULE
-        ),
-        SetsAttribute(
-            RUNNER_MODULE, "GPUModelRunner", "num_decode_draft_tokens", SHAPE_RULE
-        ),
+    read = [
+        (V1_RUNNER, "GPUModelRunner", "input_batch"),
+        (V1_INPUT_BATCH, "InputBatch", "num_computed_tokens_cpu"),
+        (V1_RUNNER, "GPUModelRunner", "num_decode_draft_tokens"),
     ]
     if layout["stale_draft_counts"]:
-        found.append(
-            SetsAttribute(
-                INPUT_BATCH_MODULE, "InputBatch", "spec_token_ids", SHAPE_RULE
-            )
-        )
+        read.append((V1_INPUT_BATCH, "InputBatch", "spec_token_ids"))
+    found: list[Requirement] = [SetsAttribute(*where, SHAPE_RULE) for where in read]
     if layout["classifies_early"]:
         found += _early_reads()
     return found
@@ -113,38 +103,34 @@ def reads(layout: Layout) -> list[Requirement]:
 
 def _early_reads() -> list[Requirement]:
     """What the rule and the worker's hook read where the worker classifies early."""
-    found: list[Requirement] = [
-        SetsAttribute(WORKER_MODULE, "Worker", "model_runner", WORKER_EXECUTE),
-        TakesParameters(
-            WORKER_MODULE, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
-        ),
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "parallel_config", SHAPE_RULE),
-        SetsAttribute(
-            RUNNER_MODULE, "GPUModelRunner", "compilation_config", SHAPE_RULE
-        ),
-        SetsAttribute(COMPILATION_CONFIG, "PassConfig", "enable_sp", SHAPE_RULE),
-        SetsAttribute(
-            PARALLEL_CONFIG, "ParallelConfig", "pipeline_parallel_size", SHAPE_RULE
-        ),
+    read = [
+        (V1_RUNNER, "GPUModelRunner", "parallel_config"),
+        (V1_RUNNER, "GPUModelRunner", "compilation_config"),
+        (COMPILATION_CONFIG, "PassConfig", "enable_sp"),
+        (PARALLEL_CONFIG, "ParallelConfig", "pipeline_parallel_size"),
         # Prompt lengths of cached requests, where drafts count past the prompt.
-        SetsAttribute(RUNNER_MODULE, "GPUModelRunner", "requests", SHAPE_RULE),
-        SetsAttribute(
-            INPUT_BATCH_MODULE, "CachedRequestState", "num_prompt_tokens", SHAPE_RULE
-        ),
+        (V1_RUNNER, "GPUModelRunner", "requests"),
+        (V1_INPUT_BATCH, "CachedRequestState", "num_prompt_tokens"),
     ]
-    for owner, fields in _STEP_FIELDS.items():
-        found += [
-            SetsAttribute(SCHEDULER_OUTPUT, owner, field, SHAPE_RULE)
-            for field in fields
-        ]
-    return found
+    read += [
+        (SCHEDULER_OUTPUT, owner, field)
+        for owner, fields in _STEP_FIELDS.items()
+        for field in fields
+    ]
+    return [
+        SetsAttribute(V1_WORKER, "Worker", "model_runner", WORKER_EXECUTE),
+        TakesParameters(
+            V1_WORKER, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
+        ),
+        *(SetsAttribute(*where, SHAPE_RULE) for where in read),
+    ]
 
 
 def native_reason(sources: SourceReader) -> str | None:
     """The V1 runner's own classification reads each row's phase: it compares
     computed with prompt lengths, or the builders' draft counts with the decode
     query length."""
-    dispatch = sources.function_node(RUNNER_MODULE, DISPATCH)
+    dispatch = sources.function_node(V1_RUNNER, DISPATCH)
     candidates = [SHAPE_RULE, DISPATCH]
     if dispatch is not None:
         candidates += [
@@ -152,7 +138,7 @@ def native_reason(sources: SourceReader) -> str | None:
             for name in recognition.self_methods_called(dispatch)
         ]
     for qualname in dict.fromkeys(candidates):
-        node = sources.function_node(RUNNER_MODULE, qualname)
+        node = sources.function_node(V1_RUNNER, qualname)
         if node is None:
             continue
         if recognition.compares_names(node, _COMPUTED_NAMES, _PROMPT_NAMES):
@@ -169,7 +155,7 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = imported_class(RUNNER_MODULE, V1_RUNNER_CLASS)
+    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
     if runner_class is None:
         return None
     from vllm_graphsafe.fixes.v1_phase_dispatch.behaviour import judge_live
