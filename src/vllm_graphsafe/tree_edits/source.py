@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.recognition import assigned_names as assigned_names
 
 
 class MissingSymbolError(LookupError):

@@ -24,7 +24,6 @@ from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
-    assigned_names,
     indent_block,
     statement_calling,
 )
@@ -372,7 +371,7 @@ def _draft_prefill_edits(
     owner = f"{module}.{propose}"
     if "input_batch" not in recognition.parameter_names(function):
         raise MissingSymbolError(f"parameter input_batch of {owner}")
-    if "num_reqs" not in assigned_names(function):
+    if "num_reqs" not in recognition.assigned_names(function):
         raise MissingSymbolError(f"local num_reqs of {owner}")
     statement = direct_call_assignment(function, SHAPE_COUNT, owner)
     call = statement.value

@@ -35,7 +35,6 @@ from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
-    assigned_names,
 )
 from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import (
@@ -178,7 +177,7 @@ def _uniform_flag(tree: Tree) -> str:
 def _wrapper_edits(source: SourceFile, flag: str) -> list[LineEdit]:
     call = source.function(WRAPPER_CALL)
     for name in ("forward_context", "batch_descriptor", "cudagraph_runtime_mode"):
-        if name not in assigned_names(call):
+        if name not in recognition.assigned_names(call):
             raise MissingSymbolError(f"the local {name} of {CUDA_GRAPH}.{WRAPPER_CALL}")
     _require_bindings(source)
     early_return = _mode_mismatch_return(call)
@@ -238,7 +237,9 @@ def _mrv2(tree: Tree, plan: Plan) -> int:
 
     runner = tree.require(MRV2_RUNNER)
     step = runner.function("GPUModelRunner.execute_model")
-    if replay_branch(step) is None or METADATA_LOCAL not in assigned_names(step):
+    if replay_branch(step) is None or METADATA_LOCAL not in recognition.assigned_names(
+        step
+    ):
         raise MissingSymbolError(
             "the FULL-graph replay of GPUModelRunner.execute_model in an if/else "
             f"on the graph mode, beside its {METADATA_LOCAL}"
@@ -273,7 +274,7 @@ def _rebind_edits(source: SourceFile) -> list[LineEdit]:
             continue
         metadata = eager_metadata(
             branch.node.orelse,
-            assigned_names(node) | set(recognition.parameter_names(node)),
+            recognition.assigned_names(node),
         )
         if metadata is None:
             continue

@@ -15,7 +15,6 @@ from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
     SourceFile,
-    assigned_names,
     indent_block,
     statement_calling,
 )
@@ -126,7 +125,7 @@ def plan(tree: Tree) -> Plan:
     runner = tree.require(V1_RUNNER)
     owner = "GPUModelRunner._dummy_run"
     dummy = runner.function(owner)
-    if "num_scheduled_tokens" not in assigned_names(dummy):
+    if "num_scheduled_tokens" not in recognition.assigned_names(dummy):
         raise MissingSymbolError(f"local num_scheduled_tokens of {owner}")
     if not recognition.module_binds(runner.tree, "np") or not recognition.module_binds(
         runner.tree, "torch"
