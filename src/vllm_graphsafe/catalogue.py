@@ -67,13 +67,6 @@ def render_patches_markdown() -> str:
     return "\n".join(lines)
 
 
-def what_ci_runs(row: ReleaseRow) -> str:
-    engine = str(row.raw.get("engine", ""))
-    if engine.startswith("not run"):
-        return "class-level tests and negative controls only (no engine: no GPU)"
-    return "class-level tests, negative controls, engine tests"
-
-
 def what_the_sweep_ran(row: ReleaseRow) -> str:
     if not row.raw.get("installed", True):
         return f"not installed: {row.raw.get('why_not', '')}"
@@ -106,7 +99,10 @@ def render_support_markdown() -> str:
     for row in release_table():
         states = [row.patches.get(patch_id, "not recorded") for patch_id in ids]
         if row.ci:
-            verified, ran = "every CI run", what_ci_runs(row)
+            verified = "every CI run"
+            ran = "class-level tests, negative controls, engine tests"
+            if str(row.raw.get("engine", "")).startswith("not run"):
+                ran = "class-level tests and negative controls only (no engine: no GPU)"
             backport = "verified (every CI run)"
         else:
             verified = f"release sweep {row.raw.get('date', '')}".strip()

@@ -18,7 +18,6 @@ class ExitStatus:
     meaning: str
 
 
-# -- probe -------------------------------------------------------------------------
 # Users' scripts read these numbers: they never change meaning.
 PROBE_OK = 0
 PROBE_CHECK_FAILED = 1
@@ -61,7 +60,6 @@ PROBE: tuple[ExitStatus, ...] = (
     ExitStatus(PROBE_INTERRUPTED, "interrupted (Ctrl-C)"),
 )
 
-# -- doctor ------------------------------------------------------------------------
 DOCTOR_OK = 0
 DOCTOR_FIX_MISSING = 1
 DOCTOR_BAD_COMMAND_LINE = 2
@@ -93,7 +91,6 @@ DOCTOR: tuple[ExitStatus, ...] = (
     ),
 )
 
-# -- demo --------------------------------------------------------------------------
 DEMO_OK = 0
 DEMO_NO_VLLM = 11
 DEMO_PORT_IN_USE = 12
@@ -104,13 +101,6 @@ DEMO_INSTALL_FAILED = 16
 DEMO_HANGUP = 129
 DEMO_INTERRUPTED = 130
 DEMO_TERMINATED = 143
-
-#: The probe's statuses the demo passes through, as the probe means them.
-_PASSED_THROUGH = tuple(
-    status
-    for status in PROBE
-    if status.code not in (PROBE_OK, PROBE_BAD_ARGUMENT, PROBE_INTERRUPTED)
-)
 
 DEMO: tuple[ExitStatus, ...] = tuple(
     sorted(
@@ -125,9 +115,11 @@ DEMO: tuple[ExitStatus, ...] = tuple(
                 "bad command line or argument (the demo's, or one it passes to the "
                 "probe)",
             ),
+            # The probe's statuses the demo passes through, as the probe means them.
             *(
                 ExitStatus(status.code, f"the probe: {status.meaning}")
-                for status in _PASSED_THROUGH
+                for status in PROBE
+                if status.code not in (PROBE_OK, PROBE_BAD_ARGUMENT, PROBE_INTERRUPTED)
             ),
             ExitStatus(
                 DEMO_NO_VLLM, "vLLM is not installed in this Python environment"
@@ -153,7 +145,6 @@ DEMO: tuple[ExitStatus, ...] = tuple(
     )
 )
 
-# -- backport ----------------------------------------------------------------------
 # As src/vllm_graphsafe/cli/backport.py returns them (its EXIT_* constants).
 BACKPORT_OK = 0
 BACKPORT_FIXES_NEEDED = 1

@@ -28,9 +28,6 @@ _FORWARDABLE = (
     inspect.Parameter.KEYWORD_ONLY,
 )
 
-Publish = Callable[[tuple[Any, ...]], Any]
-Withdraw = Callable[[Any], Any]
-
 _SERIAL = itertools.count()
 
 
@@ -41,8 +38,8 @@ def _report_nothing(error: BaseException, reading: str) -> None:
 def publishing_method(
     method: Callable[..., Any],
     published: tuple[str, ...],
-    publish: Publish,
-    withdraw: Withdraw,
+    publish: Callable[[tuple[Any, ...]], Any],
+    withdraw: Callable[[Any], Any],
     on_failure: OnFailure = _report_nothing,
 ) -> Callable[..., Any] | None:
     """``method`` wrapped to publish the values of ``published`` around each call.

@@ -28,7 +28,6 @@ ORIGINAL_MARK = "__graphsafe_original__"
 
 
 def is_hooked(value: Any) -> bool:
-    """Whether ``value`` is a hook that a patch installed."""
     return isinstance(value, wrapt.FunctionWrapper) or hasattr(value, REPLACEMENT_MARK)
 
 

@@ -97,13 +97,10 @@ class Verdict(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "anchor_exists": self.anchor_exists,
-            "native": self.native,
-            "missing": self.missing,
+            **self._asdict(),
             "evidence": None if self.evidence is None else self.evidence.to_json(),
             "points": [list(point) for point in self.points],
             "layout": dict(self.layout),
-            "absent": self.absent,
         }
 
     @classmethod
@@ -111,29 +108,22 @@ class Verdict(NamedTuple):
         """The verdict in ``data``, or None where any field is not as written."""
         if not isinstance(data, dict) or set(data) != set(cls._fields):
             return None
-        evidence = None
-        if data["evidence"] is not None:
-            evidence = Evidence.from_json(data["evidence"])
-            if evidence is None:
-                return None
+        written = data["evidence"]
+        evidence = None if written is None else Evidence.from_json(written)
         points = data["points"]
-        if not isinstance(points, list) or not all(_is_point(p) for p in points):
-            return None
         texts = (data["native"], data["missing"])
-        if not all(text is None or isinstance(text, str) for text in texts):
-            return None
-        if not isinstance(data["anchor_exists"], bool):
-            return None
-        if not isinstance(data["layout"], dict) or not isinstance(data["absent"], str):
+        if (
+            (evidence is None and written is not None)
+            or not isinstance(points, list)
+            or not all(_is_point(p) for p in points)
+            or not all(text is None or isinstance(text, str) for text in texts)
+            or not isinstance(data["anchor_exists"], bool)
+            or not isinstance(data["layout"], dict)
+            or not isinstance(data["absent"], str)
+        ):
             return None
         return cls(
-            data["anchor_exists"],
-            data["native"],
-            data["missing"],
-            evidence,
-            tuple(Point(*point) for point in points),
-            data["layout"],
-            data["absent"],
+            **{**data, "evidence": evidence, "points": tuple(Point(*p) for p in points)}
         )
 
 

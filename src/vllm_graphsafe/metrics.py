@@ -114,29 +114,25 @@ def serve_with_multiprocess_collector(directory: Path) -> bool:
     try:
         collector_class: Any = multiprocess.MultiProcessCollector
         original = collector_class.collect
-        if not getattr(original, "graphsafe_hook", False):
-            collector_class.collect = with_plugin_families(original, directory)
+        if getattr(original, "graphsafe_hook", False):
+            return True
+
+        @functools.wraps(original)
+        def collect(self: Any) -> Iterator[Any]:
+            yield from original(self)
+            try:
+                families = metric_families(read_records_leniently(directory))
+            except Exception as error:
+                warn_once(error)
+                return
+            yield from families
+
+        collect.graphsafe_hook = True  # type: ignore[attr-defined]
+        collector_class.collect = collect
     except Exception as error:
         warn_once(error)
         return False
     return True
-
-
-def with_plugin_families(original: Any, directory: Path) -> Any:
-    """``original`` (a ``collect`` method), then the families for ``directory``."""
-
-    @functools.wraps(original)
-    def collect(self: Any) -> Iterator[Any]:
-        yield from original(self)
-        try:
-            families = metric_families(read_records_leniently(directory))
-        except Exception as error:
-            warn_once(error)
-            return
-        yield from families
-
-    collect.graphsafe_hook = True  # type: ignore[attr-defined]
-    return collect
 
 
 def warn_once(error: BaseException) -> None:

@@ -145,7 +145,6 @@ def remove_private_file(directory: Path, name: str) -> None:
 
 
 def make_private_directory(path: Path) -> None:
-    """Create ``path`` (and missing parents) with mode 0700 where absent."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 

@@ -224,32 +224,23 @@ def class_sets_attribute(cls: ast.ClassDef, attribute: str) -> bool:
     A class-level field (dataclass / NamedTuple), a method or property of
     that name, or an assignment to ``self.<attribute>`` in any method.
     """
-    return any(
-        class_statement_binds(node, attribute) for node in cls.body
-    ) or assigns_self_attribute(cls, attribute)
-
-
-def class_statement_binds(node: ast.stmt, attribute: str) -> bool:
-    """Whether ``node``, a statement of a class body, binds ``attribute`` there
-    (a field, an assignment to the name, or a method of that name)."""
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        return node.target.id == attribute
-    if isinstance(node, ast.Assign):
-        return any(isinstance(t, ast.Name) and t.id == attribute for t in node.targets)
-    return (
-        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.name == attribute
-    )
-
-
-def assigns_self_attribute(node: ast.AST, attribute: str) -> bool:
-    """Whether code inside ``node`` assigns to ``self.<attribute>``."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = [node.target.id]
+        else:
+            continue
+        if attribute in names:
+            return True
     return any(
         isinstance(target, ast.Attribute)
         and target.attr == attribute
         and isinstance(target.value, ast.Name)
         and target.value.id == "self"
-        for child in walk(node)
+        for child in walk(cls)
         for target in _assigned(child)
     )
 
@@ -269,9 +260,6 @@ def _flatten(targets: Iterable[ast.expr]) -> Iterator[ast.expr]:
             yield from _flatten(target.elts)
         else:
             yield target
-
-
-# -- markers of the upstream fixes ------------------------------------------------
 
 
 def compares_names(function: ast.AST, left: set[str], right: set[str]) -> bool:

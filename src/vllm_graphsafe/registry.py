@@ -48,8 +48,6 @@ class PatchFailedError(RuntimeError):
 
 @dataclass
 class Patch:
-    """One fix in this process."""
-
     fix: Fix
     state: PatchState | None = field(default=None, init=False)
     reason: str = field(default="", init=False)
@@ -60,17 +58,12 @@ class Patch:
     evidence: Evidence | None = field(default=None, init=False)
     _wrapped: list[tuple[Any, str, Any, Any]] = field(default_factory=list, init=False)
     _armed: set[str] = field(default_factory=set, init=False)
-    _settings: Settings | None = field(default=None, init=False)
+    _strict: bool = field(default=False, init=False)
     _failed_at_run_time: bool = field(default=False, init=False)
 
     @property
     def id(self) -> str:
         return self.fix.id
-
-    @property
-    def strict(self) -> bool:
-        settings = self._settings if self._settings is not None else read_settings()
-        return settings.strict
 
     def parts(self) -> judging.FixJudge:
         """How the fix reads vLLM's source (its folder's ``judge.JUDGE``)."""
@@ -81,7 +74,6 @@ class Patch:
         return judging.judge(self.fix, sources, self.parts)
 
     def hook_points(self) -> list[HookPoint]:
-        """Where the hooks bind in this vLLM, built from the verdict."""
         if self.verdict is None:
             return []
         hooks = importlib.import_module(f"{self.fix.package}.hooks")
@@ -93,7 +85,7 @@ class Patch:
 
     def decide(self, settings: Settings, verdict: Verdict) -> None:
         """Settle the state from the settings and the verdict, hooking nothing."""
-        self._settings = settings
+        self._strict = settings.strict
         self.verdict = verdict
         self.evidence = verdict.evidence
         self._set(*verdict.settle(settings.is_disabled(self.id)))
@@ -213,7 +205,7 @@ class Patch:
         error and what the hook was reading; the calling hook then returns
         vLLM's own answer. In strict mode the error is re-raised instead.
         """
-        if self.strict:
+        if self._strict:
             raise error
         with _LOCK:
             if self._failed_at_run_time:
@@ -251,14 +243,13 @@ _LOCK = threading.RLock()
 
 
 def _resolve(hook: HookPoint) -> tuple[Any, str]:
-    module = sys.modules[hook.module]
+    parent: Any = sys.modules[hook.module]
     *parents, attr = hook.qualname.split(".")
-    parent: Any = module
     for name in parents:
         parent = getattr(parent, name, None)
         if parent is None:
-            raise _MissingSymbolError(f"hook point {hook.symbol} is missing")
-    if not hasattr(parent, attr):
+            break
+    if parent is None or not hasattr(parent, attr):
         raise _MissingSymbolError(f"hook point {hook.symbol} is missing")
     return parent, attr
 
@@ -269,7 +260,7 @@ def report_failure(patch: Patch, reason: str) -> None:
         "vLLM runs without this fix. Check `vllm-graphsafe doctor` for the "
         "supported releases."
     )
-    if patch.strict:
+    if patch._strict:
         raise PatchFailedError(message + " Unset strict mode to start without it.")
     logger.warning(message)
 
@@ -352,5 +343,5 @@ class Registry:
 
     def summary(self) -> str:
         return ", ".join(
-            f"{p.id}={p.state.value if p.state else 'unset'}" for p in self.patches
+            f"{patch_id}={state}" for patch_id, state in self.states().items()
         )

@@ -85,7 +85,6 @@ def read_settings(
     deprecated: list[str] = []
 
     def lookup(name: str) -> str | None:
-        """The value of ``name``, else of its deprecated name (noted as used)."""
         if name in env:
             return env[name]
         old = DEPRECATED_NAMES.get(name)
@@ -144,7 +143,6 @@ def ray_copy_prefixes(
 
 
 def emulate_graph_hazard(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` switches the emulator on."""
     env = os.environ if environ is None else environ
     return (env.get(EMULATE_ENV) or "").strip().lower() in TRUE_VALUES
 

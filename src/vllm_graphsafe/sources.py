@@ -20,8 +20,6 @@ from vllm_graphsafe.source_files import read_source, read_tree_source
 
 @dataclass
 class Reading:
-    """The modules a judgement read."""
-
     modules: set[str] = field(default_factory=set)
 
 
@@ -146,11 +144,9 @@ class SourceReader:
         return cls is not None and recognition.class_sets_attribute(cls, attribute)
 
     def calls(self, module: str, caller: str, callee: str) -> bool:
-        """Whether ``caller`` (a qualname in ``module``) calls ``callee`` by name."""
         node = self.function_node(module, caller)
         return node is not None and recognition.calls_name(node, callee)
 
     def module_calls(self, module: str, callee: str) -> bool:
-        """Whether any code of ``module`` calls ``callee`` by name."""
         tree = self.tree(module)
         return tree is not None and recognition.calls_name(tree, callee)

@@ -30,7 +30,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 import vllm_graphsafe
 from vllm_graphsafe.judging import Verdict
@@ -87,12 +87,6 @@ def _checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-class Stored(NamedTuple):
-    verdict: Verdict
-    #: ``module -> [path, sha256]`` or None, as judged.
-    files: dict[str, Any]
-
-
 class VerdictCache:
     """Verdicts of one installation's fixes, in ``directory``."""
 
@@ -105,10 +99,10 @@ class VerdictCache:
     def _name(self, fix_id: str) -> str:
         return f"verdict-{fix_id}-{self._scope}.json"
 
-    def load(self, fix_id: str) -> Stored | None:
-        """The stored verdict and the file identities it was judged on; None
-        where there is none, or it is damaged, a link, not this user's private
-        file, or judged by other code. The caller checks the files."""
+    def load(self, fix_id: str, sources: SourceReader) -> Verdict | None:
+        """The stored verdict, where every module file it was judged on is as
+        ``sources`` finds it now; None where there is none, or it is damaged,
+        a link, not this user's private file, or judged by other code or files."""
         raw = self._read(self._name(fix_id))
         if raw is None:
             return None
@@ -119,17 +113,23 @@ class VerdictCache:
         if not isinstance(entry, dict) or set(entry) != {"body", "check"}:
             return None
         body = entry["body"]
-        if not isinstance(body, dict) or entry["check"] != _checksum(body):
-            return None
-        if body.get("format") != _FORMAT or body.get("rules") != self._rules:
-            return None
-        if body.get("fix") != fix_id:
+        if (
+            not isinstance(body, dict)
+            or entry["check"] != _checksum(body)
+            or body.get("format") != _FORMAT
+            or body.get("rules") != self._rules
+            or body.get("fix") != fix_id
+        ):
             return None
         files = body.get("files")
         verdict = Verdict.from_json(body.get("verdict"))
         if verdict is None or not _valid_files(files):
             return None
-        return Stored(verdict, files)
+        # ``module -> [path, sha256]`` or None, as judged.
+        for module, identity in files.items():
+            if (tuple(identity) if identity else None) != sources.identity(module):
+                return None
+        return verdict
 
     def store(self, fix_id: str, verdict: Verdict, files: FileIdentities) -> None:
         """Keep ``verdict``; a directory or file we cannot use keeps nothing."""
@@ -206,12 +206,9 @@ def kept_or_judged(
     """The fix's verdict from ``cache`` where every file it read is unchanged,
     else ``judge(sources)`` now, then kept in ``cache``.
     """
-    stored = None if cache is None else cache.load(fix_id)
-    if stored is not None and all(
-        (tuple(identity) if identity else None) == sources.identity(module)
-        for module, identity in stored.files.items()
-    ):
-        return stored.verdict, "kept"
+    kept = None if cache is None else cache.load(fix_id, sources)
+    if kept is not None:
+        return kept, "kept"
     with sources.recording() as reading:
         verdict = judge(sources)
     if cache is not None:

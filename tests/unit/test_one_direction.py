@@ -83,7 +83,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "backport*",
             "tree_edits*",
             "fixes.*.backport",
-            "fixes.*.written_tests",
             "fixes.*.written.*",
             "probe*",
             "emulator*",

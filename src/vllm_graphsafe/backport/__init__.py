@@ -38,8 +38,6 @@ from vllm_graphsafe.tree_edits.tree import Tree, module_path, read_exact
 
 #: Fix ids in the order their edits are made (two share the V1 runner file).
 FIX_IDS = tuple(fixes.fix_ids())
-#: A line git leaves in a file whose merge conflicted.
-CONFLICT_MARKERS = ("<<<<<<< ", ">>>>>>> ")
 
 
 class Status(str, enum.Enum):
@@ -140,7 +138,6 @@ class Judged(NamedTuple):
     """A fix judged on a tree: the state the plugin would reach there (the
     fix enabled), why, and how native or needed was found."""
 
-    verdict: Verdict
     state: PatchState
     reason: str
     evidence: Evidence | None
@@ -151,7 +148,7 @@ class Judged(NamedTuple):
 
 
 def _judged(verdict: Verdict) -> Judged:
-    return Judged(verdict, *verdict.settle(), verdict.evidence)
+    return Judged(*verdict.settle(), verdict.evidence)
 
 
 def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Judged]:
@@ -181,7 +178,7 @@ def conflicted_files(root: Path) -> list[str]:
         relpath
         for relpath in sorted({str(path.relative_to(root)) for path in scanned})
         if any(
-            line.startswith(CONFLICT_MARKERS)
+            line.startswith(("<<<<<<< ", ">>>>>>> "))
             for line in (read_exact(root / relpath) or "").splitlines()
         )
     ]
@@ -227,19 +224,15 @@ def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
         planned = _plan_one(tree, fix_id)
         planned.evidence = patch.evidence
         outcomes.append(planned)
-    _name_written_files(outcomes, tree)
-    return Backport(root, outcomes, dict(tree.edited))
-
-
-def _name_written_files(outcomes: list[Outcome], tree: Tree) -> None:
-    """Each planned record names its files as the whole write leaves them (a
-    later fix may edit the same file), for git's three-way merge to start from."""
+    # Each planned record names its files as the whole write leaves them (a
+    # later fix may edit the same file), for git's three-way merge to start from.
     for outcome in outcomes:
         if outcome.plan is None or outcome.record is None:
             continue
         text = with_written_blobs(outcome.record, tree.edited).to_text()
         outcome.plan.tests[record_path(outcome.fix_id)] = text
         tree.edited[record_path(outcome.fix_id)] = text
+    return Backport(root, outcomes, dict(tree.edited))
 
 
 def _later(fix_id: str, records: dict[str, EditRecord | None]) -> list[EditRecord]:
@@ -413,7 +406,6 @@ def _directories_to_create(tree: Tree, relpaths: list[str]) -> list[str]:
 class Dropping:
     """What ``--drop`` does to the tree: relpath -> new text (None: delete)."""
 
-    root: Path
     outcomes: list[Outcome]
     changes: dict[str, str | None] = field(default_factory=dict)
     #: Directories our edits created, removed where they end up empty.
@@ -424,26 +416,20 @@ class Dropping:
     entangled: list[str] = field(default_factory=list)
 
 
-#: States in which the tree carries something of ours that --drop takes out.
-DROPPABLE = frozenset(
-    {Status.OURS, Status.BOTH, Status.OURS_CHANGED, Status.TARGET_GONE}
-)
-
-
 def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> Dropping:
     """Our edits of the requested fixes taken out, with their tests and records
     deleted. Where a hunk changed since it was written, nothing of that fix
     is dropped (its outcome says ``ours, changed``), unless ``force``: then
     the hunks still as written go and the changed ones stay."""
     result = backport(root, fix_ids)
-    dropping = Dropping(root, result.outcomes)
+    dropping = Dropping(result.outcomes)
     records = {fix: read_record(root, fix) for fix in fixes.fix_ids()}
     repository = git.Repository.of(root)
     texts: dict[str, str | None] = {}
     for outcome in reversed(result.outcomes):
         record = outcome.record
-        if record is None or outcome.status not in DROPPABLE:
-            continue
+        if record is None or outcome.status is Status.NEEDED:
+            continue  # the tree carries nothing of ours (a planned record)
         if outcome.status is Status.OURS_CHANGED and not force:
             continue
         later = _later(record.fix_id, records)

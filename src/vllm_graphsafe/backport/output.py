@@ -51,10 +51,9 @@ def tree_diff(before: Mapping[str, str | None], after: Mapping[str, str | None])
     )
 
 
-def combined_diff(result: Backport) -> str:
-    """Every needed fix, against the tree as it is on disk."""
-    before = {path: read_exact(result.root / path) for path in result.edited}
-    return tree_diff(before, result.edited)
+def combined_diff(root: Path, after: Mapping[str, str | None]) -> str:
+    """The changes ``after``, against the tree at ``root`` as it is on disk."""
+    return tree_diff({path: read_exact(root / path) for path in after}, after)
 
 
 class WriteError(OSError):

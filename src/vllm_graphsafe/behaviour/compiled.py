@@ -25,7 +25,7 @@ import __future__
 
 import ast
 import builtins
-import copy
+import contextlib
 import importlib
 import inspect
 import sys
@@ -174,8 +174,6 @@ class SourceCode:
         self._chains: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._methods: dict[tuple[str, str, str], Any] = {}
 
-    # -- modules and names -------------------------------------------------------
-
     def namespace(self, module: str) -> dict[str, Any]:
         if module not in self._namespaces:
             self._namespaces[module] = _Namespace(self, module)
@@ -191,10 +189,9 @@ class SourceCode:
             return TreeModule(self, module)
         top = module.partition(".")[0]
         if top in sys.stdlib_module_names or top in REAL_PACKAGES:
-            try:
+            # An absent or broken package is not this judgement's.
+            with contextlib.suppress(Exception):
                 return importlib.import_module(module)
-            except Exception:  # an absent or broken package: not this judgement's
-                return StandIn(module)
         return StandIn(module)
 
     def bind(self, module: str, name: str) -> Any:
@@ -240,7 +237,7 @@ class SourceCode:
         return StandIn(f"{module}.{name}")
 
     def _imported_from(self, module: str, statement: ast.ImportFrom, name: str) -> Any:
-        source = _absolute(module, statement, self._is_package(module))
+        source = self._absolute(module, statement)
         for alias in statement.names:
             if (alias.asname or alias.name) != name:
                 continue
@@ -256,9 +253,18 @@ class SourceCode:
             return StandIn(f"{source}.{alias.name}")
         return StandIn(f"{module}.{name}")
 
-    def _is_package(self, module: str) -> bool:
+    def _absolute(self, module: str, statement: ast.ImportFrom) -> str:
+        """The module ``from ... import`` names, relative imports resolved."""
+        if not statement.level:
+            return statement.module or ""
         identity = self.sources.identity(module)
-        return identity is not None and identity[0].endswith("__init__.py")
+        is_package = identity is not None and identity[0].endswith("__init__.py")
+        parts = module.split(".")
+        keep = len(parts) - statement.level + is_package
+        base = ".".join(parts[: max(keep, 0)])
+        if statement.module:
+            return f"{base}.{statement.module}" if base else statement.module
+        return base
 
     def _evaluate(self, module: str, node: ast.expr) -> Any:
         expression = ast.Expression(node)
@@ -278,24 +284,29 @@ class SourceCode:
     ) -> dict[str, Any]:
         """Run ``statement`` (inside a class named ``owner``, so that private
         names mangle as they do in vLLM) in ``module``'s namespace, compiled
-        from its own lines where they stand for it (a long method compiles
-        several times faster from text than from its parse)."""
-        source: str | ast.Module | None = self._written(module, statement, owner, kept)
-        if source is None:
-            node = copy.copy(statement)
-            node.decorator_list = [
-                d for d in statement.decorator_list if _decorator_name(d) in kept
-            ]
-            body: list[ast.stmt] = [node]
-            if owner is not None:
-                holder = ast.ClassDef(
-                    name=owner, bases=[], keywords=[], body=body, decorator_list=[]
-                )
-                vars(holder)["type_params"] = []  # Python 3.12's field
-                ast.copy_location(holder, statement)
-                holder.end_lineno = statement.end_lineno
-                body = [holder]
-            source = ast.Module(body=body, type_ignores=[])
+        from its own lines at their lines of the file, with its kept
+        decorators (a long method compiles several times faster from text
+        than from its parse)."""
+        lines = self.sources.lines(module)
+        assert lines is not None  # the statement was parsed from them
+        indent = statement.col_offset
+        decorators = [
+            f"{' ' * indent}@{ast.unparse(d)}\n"
+            for d in statement.decorator_list
+            if _decorator_name(d) in kept
+        ]
+        if owner is not None:
+            header = f"class {owner}:\n"
+        else:  # a module-level statement inside an ``if``, ``try`` or ``with``
+            header = "if True:\n" if indent else ""
+        source = "".join(
+            (
+                "\n" * (statement.lineno - 1 - len(decorators) - bool(header)),
+                header,
+                *decorators,
+                *lines[statement.lineno - 1 : statement.end_lineno],
+            )
+        )
         identity = self.sources.identity(module)
         filename = identity[0] if identity else f"<{module}>"
         namespace = self.namespace(module)
@@ -311,47 +322,7 @@ class SourceCode:
             return dict(vars(local[owner]))
         return dict(local)
 
-    def _written(
-        self,
-        module: str,
-        statement: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
-        owner: str | None,
-        kept: frozenset[str],
-    ) -> str | None:
-        """The statement's own lines with its kept decorators, at its line of
-        the file (under ``class <owner>:`` for a method); None where its text
-        cannot stand alone so (then it is compiled from its parse)."""
-        lines = self.sources.lines(module)
-        indent = statement.col_offset
-        if lines is None or statement.end_lineno is None:
-            return None
-        if (owner is None) != (indent == 0):
-            return None
-        kept_decorators = [
-            d for d in statement.decorator_list if _decorator_name(d) in kept
-        ]
-        if any(d.lineno != d.end_lineno for d in kept_decorators):
-            return None
-        decorators = [
-            lines[d.lineno - 1].encode()[d.col_offset : d.end_col_offset].decode()
-            for d in kept_decorators
-        ]
-        lines_before = statement.lineno - 1 - len(decorators) - (owner is not None)
-        if lines_before < 0:
-            return None
-        return "".join(
-            (
-                "\n" * lines_before,
-                f"class {owner}:\n" if owner is not None else "",
-                *(f"{' ' * indent}@{d}\n" for d in decorators),
-                *lines[statement.lineno - 1 : statement.end_lineno],
-            )
-        )
-
-    # -- what a judgement asks for -----------------------------------------------
-
     def name_or_none(self, module: str, name: str) -> Any:
-        """What ``name`` is in ``module``; None where it binds nothing."""
         try:
             return self.namespace(module)[name]
         except NameError:
@@ -444,7 +415,7 @@ class SourceCode:
         if isinstance(statement, ast.ClassDef):
             return module, name
         if isinstance(statement, ast.ImportFrom):
-            source = _absolute(module, statement, self._is_package(module))
+            source = self._absolute(module, statement)
             for alias in statement.names:
                 if (alias.asname or alias.name) == name:
                     return self._locate_name(source, alias.name, depth + 1)
@@ -457,7 +428,6 @@ class SourceCode:
         key = (module, name)
         if key in self._lazy_classes:
             return self._lazy_classes[key]
-        code = self
         if not self.sources.has_class(module, name):
             raise CompileError(f"{module} defines no class {name}")
         missing: set[str] = set()
@@ -466,7 +436,7 @@ class SourceCode:
             if attribute.startswith("__") and attribute.endswith("__"):
                 raise AttributeError(attribute)
             if attribute not in missing:
-                compiled = code.method(module, name, attribute)
+                compiled = self.method(module, name, attribute)
                 if compiled is not None:
                     setattr(cls, attribute, compiled)
                     return getattr(instance, attribute)
@@ -478,22 +448,9 @@ class SourceCode:
         return cls
 
     def instance(self, module: str, name: str, state: Mapping[str, Any]) -> Any:
-        """An object of :meth:`lazy_class` holding ``state`` as its attributes."""
         obj: Any = object.__new__(self.lazy_class(module, name))
         obj.__dict__.update(state)
         return obj
-
-
-def _absolute(module: str, statement: ast.ImportFrom, is_package: bool) -> str:
-    """The module ``from ... import`` names, relative imports resolved."""
-    if not statement.level:
-        return statement.module or ""
-    parts = module.split(".")
-    keep = len(parts) - statement.level + (1 if is_package else 0)
-    base = ".".join(parts[: max(keep, 0)])
-    if statement.module:
-        return f"{base}.{statement.module}" if base else statement.module
-    return base
 
 
 def _is_constant_expression(node: ast.expr) -> bool:
@@ -533,24 +490,18 @@ def compiled_runner(
     )
 
 
-_PARAMETERS: dict[Any, tuple[inspect.Parameter, ...]] = {}
-
-
 def keyword_arguments(
     function: Any, supplied: Mapping[str, Any], unsupplied: Callable[[str], Any]
 ) -> dict[str, Any]:
     """``function``'s arguments by name: the ``supplied`` ones, and
     ``unsupplied(name)`` for any other without a default; ``CannotRun`` where
-    its signature cannot be read. The signature is worked out once per
-    function (a bound method's, once per the function it binds)."""
-    key = (getattr(function, "__func__", function), hasattr(function, "__self__"))
-    if key not in _PARAMETERS:
-        try:
-            _PARAMETERS[key] = tuple(inspect.signature(function).parameters.values())
-        except (TypeError, ValueError) as error:
-            raise CannotRun(f"its signature cannot be read ({error})") from error
+    its signature cannot be read."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError) as error:
+        raise CannotRun(f"its signature cannot be read ({error})") from error
     arguments: dict[str, Any] = {}
-    for parameter in _PARAMETERS[key]:
+    for parameter in parameters:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if parameter.name in supplied:

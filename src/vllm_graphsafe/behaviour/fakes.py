@@ -116,8 +116,6 @@ def descriptor(descriptor_type: Any, **fields: Any) -> Any:
             try:
                 return descriptor_type(**wanted)
             except TypeError:
-                if len(wanted) == 1:
-                    break
                 wanted.popitem()
     return Fake("BatchDescriptor", **fields)
 
@@ -175,10 +173,6 @@ class ReachedSync(Exception):
         self.offered = dict(offered)
 
 
-#: vLLM's cross-rank sync of the V1 dispatch (``vllm.v1.worker.dp_utils``).
-DP_SYNC = "coordinate_batch_across_dp"
-
-
 def reached_sync(**offered: Any) -> Any:
     """Stands for the cross-rank sync: stops the step with what it was offered."""
     raise ReachedSync(offered)
@@ -188,18 +182,10 @@ def reached_sync(**offered: Any) -> Any:
 #: ``get_forward_context``); None outside a case.
 FORWARD_CONTEXT_SLOT: list[Any] = [None]
 
-
-def _forward_context() -> Any:
-    return FORWARD_CONTEXT_SLOT[0]
-
-
-def _forward_context_available() -> bool:
-    return FORWARD_CONTEXT_SLOT[0] is not None
-
-
 #: Names every judgement's compiled code sees replaced (see ``shared_code``).
 OVERRIDES: dict[str, Any] = {
-    DP_SYNC: reached_sync,
-    "get_forward_context": _forward_context,
-    "is_forward_context_available": _forward_context_available,
+    # vLLM's cross-rank sync of the V1 dispatch (``vllm.v1.worker.dp_utils``).
+    "coordinate_batch_across_dp": reached_sync,
+    "get_forward_context": lambda: FORWARD_CONTEXT_SLOT[0],
+    "is_forward_context_available": lambda: FORWARD_CONTEXT_SLOT[0] is not None,
 }

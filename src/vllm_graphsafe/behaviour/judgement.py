@@ -106,17 +106,7 @@ class Evidence(NamedTuple):
         return f"{'native' if self.native else 'needed'} ({self.text()})"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "how": self.how,
-            "passed": self.passed,
-            "total": self.total,
-            "failed": self.failed,
-            "could_not_run": self.could_not_run,
-            "reading": self.reading,
-            "found": self.found,
-            "note": self.note,
-            "text": self.text(),
-        }
+        return {**self._asdict(), "text": self.text()}
 
     @classmethod
     def from_json(cls, data: Any) -> Evidence | None:
@@ -125,19 +115,17 @@ class Evidence(NamedTuple):
             READING,
         ):
             return None
-        passed, total = data.get("passed"), data.get("total")
-        texts = [data.get(k) for k in ("failed", "could_not_run", "reading", "note")]
-        if not isinstance(passed, int) or not isinstance(total, int):
-            return None
-        if not all(t is None or isinstance(t, str) for t in texts):
-            return None
-        found = data.get("found")
-        if not isinstance(found, bool):
-            return None
-        failed, could_not_run, reading, note = texts
-        return cls(
-            data["how"], passed, total, failed, could_not_run, reading, found, note
-        )
+        values: list[Any] = [data.get(name) for name in cls._fields]
+        found = cls(*values)
+        texts = (found.failed, found.could_not_run, found.reading, found.note)
+        if (
+            isinstance(found.passed, int)
+            and isinstance(found.total, int)
+            and isinstance(found.found, bool)
+            and all(text is None or isinstance(text, str) for text in texts)
+        ):
+            return found
+        return None
 
 
 def judge_cases(
@@ -218,5 +206,4 @@ def by_reading(reason: str | None, could_not_run: str | None) -> Evidence:
             if reason is not None
             else "no fix found in the code"
         ),
-        found=False,
     )

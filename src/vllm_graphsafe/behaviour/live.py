@@ -55,8 +55,9 @@ def _rebound(
     return _with_globals(attribute, overrides, cache)
 
 
-def live_class(cls: type, overrides: Mapping[str, Any]) -> type:
-    """A subclass of ``cls`` whose methods see ``overrides`` as module names."""
+def live_instance(
+    cls: type, state: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> Any:
     cache: dict[int, Any] = {}
     namespace: dict[str, Any] = {}
     for klass in reversed(cls.__mro__[:-1]):
@@ -72,13 +73,7 @@ def live_class(cls: type, overrides: Mapping[str, Any]) -> type:
 
     namespace["__getattr__"] = __getattr__
     namespace["__module__"] = cls.__module__
-    return type(cls.__name__, (cls,), namespace)
-
-
-def live_instance(
-    cls: type, state: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> Any:
-    obj: Any = object.__new__(live_class(cls, overrides))
+    obj: Any = object.__new__(type(cls.__name__, (cls,), namespace))
     obj.__dict__.update(state)
     return obj
 

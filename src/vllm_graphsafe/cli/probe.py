@@ -9,10 +9,12 @@ its file or on standard output.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from vllm_graphsafe import exit_statuses
 from vllm_graphsafe.probe.checks import (
@@ -27,7 +29,6 @@ from vllm_graphsafe.probe.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
 )
-from vllm_graphsafe.probe.report import report_text
 from vllm_graphsafe.probe.run import ProbeResult, run_probe
 from vllm_graphsafe.probe.session import DECODE_PROMPT
 from vllm_graphsafe.probe.settings import (
@@ -150,14 +151,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def settings_from_args(args: argparse.Namespace) -> ProbeSettings:
-    """The probe's settings from parsed arguments and the environment."""
+def run(args: argparse.Namespace) -> int:
     stats_dir = args.stats_dir
     if stats_dir is None:
         from vllm_graphsafe.settings import read_settings
 
         stats_dir = read_settings().stats_dir
-    return ProbeSettings(
+    settings = ProbeSettings(
         base_url=args.base_url,
         model=args.model,
         num_speculative_tokens=args.num_speculative_tokens,
@@ -175,10 +175,6 @@ def settings_from_args(args: argparse.Namespace) -> ProbeSettings:
         long_prompts=not args.no_long_prompts,
         progress=not (args.quiet or args.json),
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
     try:
         result = run_probe(settings)
     except KeyboardInterrupt:
@@ -187,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     return show_result(result, settings.json_path, quiet=args.quiet)
+
+
+def report_text(report: Mapping[str, Any]) -> str:
+    """The report as the ``--json`` file (or standard output) holds it."""
+    return json.dumps(report, indent=2) + "\n"
 
 
 #: How the table shows each check status.

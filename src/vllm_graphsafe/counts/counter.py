@@ -43,7 +43,7 @@ class DispatchStats:
         self._writer = self._new_writer()
         self._last_written: dict[Path, bytes] = {}
         self._exit_hooks_installed = False
-        self.on_write_error: Callable[[Path, OSError], None] = _ignore_write_error
+        self.on_write_error: Callable[[Path, OSError], None] = lambda *_: None
         self._pages: list[CountsPage] = []
         self._page_in: dict[Path, CountsPage] = {}
         #: The first page's counts (None: no page), and the other pages', as
@@ -294,10 +294,6 @@ class DispatchStats:
         self._page_lock = threading.Lock()
         for cells in self._cells.values():
             cells.clear()
-
-
-def _ignore_write_error(directory: Path, error: OSError) -> None:
-    del directory, error
 
 
 STATS = DispatchStats()

@@ -7,6 +7,7 @@ the process's counts page holds, where the page is ahead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -29,9 +30,6 @@ class StatsDirError(ValueError):
 
 class NoStatisticsYet(StatsDirError):
     """The statistics directory does not exist: no vLLM process has written there."""
-
-
-# -- writing ----------------------------------------------------------------------
 
 
 def process_record(
@@ -57,9 +55,6 @@ def process_record(
 def write_record(directory: Path, pid: int, data: bytes) -> None:
     """Put the encoded record at ``directory/<pid>.json``, a private file."""
     private_files.write_private_file(directory, f"{pid}{SUFFIX}", data)
-
-
-# -- reading ----------------------------------------------------------------------
 
 
 def _is_count_map(value: Any) -> bool:
@@ -133,11 +128,7 @@ def _read_record(file: Path) -> dict[str, Any]:
             f"The statistics file {file} is not a vllm-graphsafe statistics record "
             f"({problem})."
         )
-    return with_page_counts(record, file)
-
-
-def with_page_counts(record: Mapping[str, Any], file: Path) -> dict[str, Any]:
-    """``record`` with each count raised to what its process's page holds."""
+    # Each count raised to what its process's page holds.
     stored = page.read_counts_page(file.with_suffix(page.SUFFIX))
     return {**record, "counts": page.merged_counts(record.get("counts", {}), stored)}
 
@@ -150,17 +141,18 @@ def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, 
     except OSError:
         return []
     for file in files:
-        try:
-            record = json.loads(file.read_bytes())
-        except (OSError, ValueError):
-            continue
-        if check_record(record) is None:
-            records.append(with_page_counts(record, file))
+        with contextlib.suppress(StatsDirError):
+            records.append(_read_record(file))
     return records
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sum the counters of ``records``; count the processes in each patch state."""
+def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Sum the counters every process wrote into ``directory``; count the
+    processes in each patch state.
+
+    Raises :class:`StatsDirError` (one sentence) when it cannot be read.
+    """
+    records = read_process_files(directory)
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     patch_states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for payload in records:
@@ -173,15 +165,5 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "processes": len(records),
         "patch_states": {patch: dict(states) for patch, states in patch_states.items()},
         "counts": {patch: dict(events) for patch, events in totals.items()},
-    }
-
-
-def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Sum the counters every process wrote into ``directory``.
-
-    Raises :class:`StatsDirError` (one sentence) when it cannot be read.
-    """
-    return {
-        **summarize(read_process_files(directory)),
         "directory": str(Path(directory)),
     }

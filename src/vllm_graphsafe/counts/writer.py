@@ -72,16 +72,13 @@ class RecordWriter:
                 if total == written_total and now < next_full_check:
                     continue
                 written_total, next_full_check = total, now + FULL_CHECK_INTERVAL_S
-                self._announce_if_ready()
+                pending = self._pending_announcement
+                if pending is not None and _can_log_info(pending[0]):
+                    self._pending_announcement = None
+                    pending[0].info("%s", pending[1])
                 self._flush()
             except Exception:  # the writer must never take the process down
                 continue
-
-    def _announce_if_ready(self) -> None:
-        pending = self._pending_announcement
-        if pending is not None and _can_log_info(pending[0]):
-            self._pending_announcement = None
-            pending[0].info("%s", pending[1])
 
 
 def _can_log_info(target: logging.Logger) -> bool:

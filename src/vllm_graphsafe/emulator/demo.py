@@ -12,10 +12,9 @@ an emulating server with the plugin disabled and one with it enabled (or call
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 
@@ -110,7 +109,6 @@ def show(
     *,
     block_size: int,
     num_speculative_tokens: int = 3,
-    out: TextIO | None = None,
 ) -> bool:
     """Print the before/after lines; True when before is garbage and after clean."""
     before, after = (
@@ -126,7 +124,7 @@ def show(
         )
     )
     for line in render(before, after):
-        print(line, file=out or sys.stdout)
+        print(line)
     return before.garbage and not after.garbage
 
 

@@ -58,9 +58,10 @@ def builder_prefill_rows(
     return tuple(sorted(prefills))
 
 
-def computed_before_step(scheduler_output: Any) -> dict[str, int]:
-    """Each scheduled request's computed token count before the step, as the
-    scheduler states it (new requests and cached ones)."""
+def step_prefill_rows(scheduler_output: Any) -> tuple[str, ...]:
+    """:func:`builder_prefill_rows` of one step's scheduler output, with each
+    request's computed token count before the step as the scheduler states it
+    (new requests and cached ones)."""
     computed = {
         new.req_id: int(new.num_computed_tokens)
         for new in scheduler_output.scheduled_new_reqs
@@ -69,15 +70,10 @@ def computed_before_step(scheduler_output: Any) -> dict[str, int]:
     computed.update(
         zip(cached.req_ids, map(int, cached.num_computed_tokens), strict=True)
     )
-    return computed
-
-
-def step_prefill_rows(scheduler_output: Any) -> tuple[str, ...]:
-    """:func:`builder_prefill_rows` of one step's scheduler output."""
     return builder_prefill_rows(
         scheduler_output.num_scheduled_tokens,
         scheduler_output.scheduled_spec_decode_tokens or {},
-        computed_before_step(scheduler_output),
+        computed,
     )
 
 
@@ -104,7 +100,6 @@ class StepObservation:
         self.uniform_decode = uniform_decode
 
     def replay(self) -> None:
-        """The step's FULL decode graph replayed."""
         self.replayed = True
 
     @property

@@ -105,7 +105,12 @@ class FullDecodeGraph:
         if "num_reqs" in self.fields:  # a decode graph is captured per request count
             changes["num_reqs"] = num_reqs
         descriptor = dataclasses.replace(context.batch_descriptor, **changes)
-        graph = self._captured(descriptor)
+        entries = self.wrapper.concrete_cudagraph_entries
+        entry = entries.get(descriptor)
+        if entry is None:
+            entry = entries[descriptor] = self.entry_class(batch_descriptor=descriptor)
+            entry.cudagraph = EmulatedGraph(entry, self.replay, self.eager)
+        graph: EmulatedGraph = entry.cudagraph
         graph.pending = (forward, observation, args, kwargs)
         self.forward = forward
         context.cudagraph_runtime_mode, context.batch_descriptor = self.full, descriptor
@@ -115,15 +120,6 @@ class FullDecodeGraph:
             context.cudagraph_runtime_mode, context.batch_descriptor = saved
             graph.pending = None
             self.forward = None
-
-    def _captured(self, descriptor: Any) -> EmulatedGraph:
-        entries = self.wrapper.concrete_cudagraph_entries
-        entry = entries.get(descriptor)
-        if entry is None:
-            entry = entries[descriptor] = self.entry_class(batch_descriptor=descriptor)
-            entry.cudagraph = EmulatedGraph(entry, self.replay, self.eager)
-        graph: EmulatedGraph = entry.cudagraph
-        return graph
 
 
 def _forward_context() -> Any:

@@ -89,10 +89,8 @@ class V1RunnerEmulator:
             )
         wrapt.wrap_function_wrapper(dispatcher_class, "dispatch", self._on_dispatch)
         wrapt.wrap_function_wrapper(runner_class, "_model_forward", self._on_forward)
-        if self.physical:
-            self._bind_physical()
-
-    def _bind_physical(self) -> None:
+        if not self.physical:
+            return
         module = vllm_layout.GDN_ATTENTION_BACKEND
         builder = vllm_layout.GDN_BUILDER_CLASS
         builder_class: Any = getattr(importlib.import_module(module), builder, None)
@@ -100,8 +98,6 @@ class V1RunnerEmulator:
             raise BindError(f"this vLLM has no {module}.{builder}.build")
         self._gdn_build = builder_class.build
         wrapt.wrap_function_wrapper(builder_class, "build", self._on_gdn_build)
-
-    # ----------------------------------------------------------------- wrappers
 
     def _on_execute(
         self, wrapped: Any, runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -214,8 +210,6 @@ class V1RunnerEmulator:
             self._step.builds[id(metadata)] = (builder, _build_call(args, kwargs))
         return metadata
 
-    # ------------------------------------------------------------------ helpers
-
     def _corrupt(self, runner: Any, output: Any) -> Any:
         if self.physical:
             return output
@@ -223,7 +217,9 @@ class V1RunnerEmulator:
         sampled = getattr(output, "sampled_token_ids", None)
         if not req_ids or not isinstance(sampled, list) or not self.state.poisoned:
             return output
-        replaced = self.state.corrupt(req_ids, sampled, corrupt_token_id(runner))
+        # The first id past the model's vocabulary (the width of its logits).
+        corrupt_id = int(runner.model_config.get_vocab_size())
+        replaced = self.state.corrupt(req_ids, sampled, corrupt_id)
         if replaced is not None:
             output.sampled_token_ids = replaced
         return output
@@ -249,8 +245,3 @@ def _staged_buffers(builder: Any) -> physical.StagedBuffers:
         staged = physical.StagedBuffers()
         builder._graphsafe_staged = staged
     return staged
-
-
-def corrupt_token_id(runner: Any) -> int:
-    """The first id past the model's vocabulary (the width of its logits)."""
-    return int(runner.model_config.get_vocab_size())

@@ -10,22 +10,13 @@ and backport planner are imported by what needs them. Adding a fix:
 
 from __future__ import annotations
 
-from vllm_graphsafe.fix import Fix
+from vllm_graphsafe.fix import Fix as Fix
 from vllm_graphsafe.fixes import (
     mrv2_phase_dispatch,
     replay_guard,
     v1_dummy_staging,
     v1_phase_dispatch,
 )
-
-__all__ = [
-    "ALL_FIXES",
-    "Fix",
-    "all_fixes",
-    "decision_events",
-    "fix_ids",
-    "get",
-]
 
 #: Every fix, in the order it is applied and backported (the two V1 fixes edit
 #: the same runner file, in this order; the replay guard edits MRV2's runner

@@ -236,24 +236,11 @@ def _user() -> str:
 
 @contextmanager
 def running_server(
-    model_dir: Path | str,
-    *,
-    env: Mapping[str, str],
-    log_path: Path,
-    startup_timeout: float,
-    port: int = 0,
-    num_speculative_tokens: int = 3,
-    extra_args: Sequence[str] = (),
+    model_dir: Path | str, *, startup_timeout: float, **start: Any
 ) -> Iterator[LocalServer]:
-    """A healthy server for the ``with`` block, stopped after it."""
-    server = start_server(
-        model_dir,
-        env=env,
-        log_path=log_path,
-        port=port,
-        num_speculative_tokens=num_speculative_tokens,
-        extra_args=extra_args,
-    )
+    """A healthy server for the ``with`` block (``start``: :func:`start_server`'s
+    keywords), stopped after it."""
+    server = start_server(model_dir, **start)
     try:
         server.wait_until_healthy(startup_timeout)
         yield server

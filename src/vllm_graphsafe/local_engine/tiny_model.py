@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +93,7 @@ _CORPUS_SENTENCES = 4000
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    return Path.cwd() / ".cache" / "vllm-graphsafe"
+    return Path(os.environ.get(CACHE_ENV) or Path.cwd() / ".cache" / "vllm-graphsafe")
 
 
 def is_complete(model_dir: Path) -> bool:
@@ -108,8 +104,7 @@ def build_tiny_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
     """Return the directory of the tiny Qwen3 for ``seed``, building it if needed."""
-    name = f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}"
-    return _build(cache_dir, name, seed, qwen3_config, qwen3_parameter_shapes)
+    return _build(cache_dir, f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}", seed, moe=False)
 
 
 def build_tiny_moe_model(
@@ -121,15 +116,11 @@ def build_tiny_moe_model(
     true for it.
     """
     name = f"tiny-qwen2-moe-dense-s{seed}-v{FORMAT_VERSION}"
-    return _build(cache_dir, name, seed, qwen2_moe_config, qwen2_moe_parameter_shapes)
+    return _build(cache_dir, name, seed, moe=True)
 
 
 def _build(
-    cache_dir: str | os.PathLike[str] | None,
-    name: str,
-    seed: int,
-    config: Callable[[int, dict[str, int]], dict[str, Any]],
-    parameter_shapes: Callable[[int], dict[str, tuple[int, ...]]],
+    cache_dir: str | os.PathLike[str] | None, name: str, seed: int, moe: bool
 ) -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / name
@@ -140,7 +131,7 @@ def _build(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         _write_tokenizer(staging)
-        _write_model(staging, seed, config, parameter_shapes)
+        _write_model(staging, seed, moe)
         _make_world_readable(staging)
         try:
             staging.rename(target)
@@ -155,7 +146,15 @@ def _build(
 
 def generate_corpus() -> list[str]:
     rng = random.Random(_CORPUS_SEED)
-    invented_words = [_invent_word(rng) for _ in range(600)]
+    invented_words = [
+        "".join(
+            rng.choice(_SYLLABLE_ONSETS)
+            + rng.choice(_SYLLABLE_NUCLEI)
+            + rng.choice(_SYLLABLE_CODAS)
+            for _ in range(rng.randint(1, 3))
+        )
+        for _ in range(600)
+    ]
     lines = [" ".join(str(number) for number in range(1, 201))]
     lines.append(" ".join(str(number) for number in range(0, 1001, 7)))
     for _ in range(_CORPUS_SENTENCES):
@@ -168,16 +167,6 @@ def generate_corpus() -> list[str]:
             sentence = f'"{sentence}" ({rng.randint(1, 200)})'
         lines.append(sentence)
     return lines
-
-
-def _invent_word(rng: random.Random) -> str:
-    syllables = rng.randint(1, 3)
-    return "".join(
-        rng.choice(_SYLLABLE_ONSETS)
-        + rng.choice(_SYLLABLE_NUCLEI)
-        + rng.choice(_SYLLABLE_CODAS)
-        for _ in range(syllables)
-    )
 
 
 def _write_tokenizer(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> None:
@@ -226,13 +215,12 @@ def _write_tokenizer(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> None:
     _write_json(out_dir / "special_tokens_map.json", special_tokens_map)
 
 
-def _decoder_config(
-    architecture: str, model_type: str, vocab_size: int, token_ids: dict[str, int]
-) -> dict[str, Any]:
-    """The ``config.json`` keys both tiny models share (sizes, rope, tokens)."""
-    return {
-        "architectures": [architecture],
-        "model_type": model_type,
+def _config(vocab_size: int, token_ids: dict[str, int], moe: bool) -> dict[str, Any]:
+    """``config.json`` in the schema of transformers' ``Qwen3Config`` or
+    ``Qwen2MoeConfig``."""
+    config = {
+        "architectures": ["Qwen2MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+        "model_type": "qwen2_moe" if moe else "qwen3",
         "vocab_size": vocab_size,
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
@@ -256,77 +244,13 @@ def _decoder_config(
         "pad_token_id": token_ids[PAD_TOKEN],
         "dtype": "float32",
     }
-
-
-def qwen3_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
-    """The ``config.json`` payload, in the schema of transformers' ``Qwen3Config``."""
-    return {
-        **_decoder_config("Qwen3ForCausalLM", "qwen3", vocab_size, token_ids),
-        "head_dim": HEAD_DIM,
-        "attention_bias": False,
-        "layer_types": ["full_attention"] * NUM_LAYERS,
-    }
-
-
-def qwen3_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of ``Qwen3ForCausalLM``'s weights, with the LM head tied."""
-    return _dense_decoder_shapes(vocab_size, attention=_qwen3_attention_shapes)
-
-
-def _qwen3_attention_shapes(prefix: str) -> dict[str, tuple[int, ...]]:
-    """Qwen3's attention: no projection biases, RMS norms on queries and keys."""
-    return _attention_shapes(prefix, HEAD_DIM, bias=False) | {
-        f"{prefix}.q_norm.weight": (HEAD_DIM,),
-        f"{prefix}.k_norm.weight": (HEAD_DIM,),
-    }
-
-
-def _attention_shapes(
-    prefix: str, head_dim: int, *, bias: bool
-) -> dict[str, tuple[int, ...]]:
-    """The q/k/v/o projections of grouped-query attention (biases on q, k, v)."""
-    widths = {
-        "q_proj": NUM_ATTENTION_HEADS * head_dim,
-        "k_proj": NUM_KV_HEADS * head_dim,
-        "v_proj": NUM_KV_HEADS * head_dim,
-    }
-    shapes: dict[str, tuple[int, ...]] = {}
-    for projection, width in widths.items():
-        shapes[f"{prefix}.{projection}.weight"] = (width, HIDDEN_SIZE)
-        if bias:
-            shapes[f"{prefix}.{projection}.bias"] = (width,)
-    shapes[f"{prefix}.o_proj.weight"] = (HIDDEN_SIZE, widths["q_proj"])
-    return shapes
-
-
-def _dense_decoder_shapes(
-    vocab_size: int, attention: Callable[[str], dict[str, tuple[int, ...]]]
-) -> dict[str, tuple[int, ...]]:
-    """Tied embeddings, then per layer two norms, ``attention`` and a dense MLP."""
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
-        "model.norm.weight": (HIDDEN_SIZE,),
-    }
-    for layer in range(NUM_LAYERS):
-        prefix = f"model.layers.{layer}"
-        shapes |= attention(f"{prefix}.self_attn") | {
-            f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
-            f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
-            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-            f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
+    if not moe:
+        return config | {
+            "head_dim": HEAD_DIM,
+            "attention_bias": False,
+            "layer_types": ["full_attention"] * NUM_LAYERS,
         }
-    return shapes
-
-
-def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
-    """``config.json`` in the schema of transformers' ``Qwen2MoeConfig``.
-
-    Experts are declared (so vLLM counts the model as a mixture of experts) but
-    ``mlp_only_layers`` lists every layer, so each layer runs a dense MLP.
-    """
-    return {
-        **_decoder_config("Qwen2MoeForCausalLM", "qwen2_moe", vocab_size, token_ids),
+    return config | {
         "num_experts": NUM_EXPERTS,
         "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
         "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
@@ -339,23 +263,42 @@ def qwen2_moe_config(vocab_size: int, token_ids: dict[str, int]) -> dict[str, An
     }
 
 
-def qwen2_moe_parameter_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
-    """``Qwen2MoeForCausalLM``'s weights with every layer dense, LM head tied."""
-    # Its config declares no head_dim: the model derives it from the hidden size;
-    # the q/k/v projections carry biases and there are no q/k norms.
-    head_dim = HIDDEN_SIZE // NUM_ATTENTION_HEADS
-    return _dense_decoder_shapes(
-        vocab_size,
-        attention=lambda prefix: _attention_shapes(prefix, head_dim, bias=True),
-    )
+def _parameter_shapes(vocab_size: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the weights, the LM head tied: per layer two norms,
+    grouped-query attention and a dense MLP. Qwen3's attention has RMS norms on
+    queries and keys; the Qwen2-MoE's has q/k/v biases instead, and its config
+    declares no head_dim (the model derives it from the hidden size)."""
+    head_dim = HIDDEN_SIZE // NUM_ATTENTION_HEADS if moe else HEAD_DIM
+    widths = {
+        "q_proj": NUM_ATTENTION_HEADS * head_dim,
+        "k_proj": NUM_KV_HEADS * head_dim,
+        "v_proj": NUM_KV_HEADS * head_dim,
+    }
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab_size, HIDDEN_SIZE),
+        "model.norm.weight": (HIDDEN_SIZE,),
+    }
+    for layer in range(NUM_LAYERS):
+        prefix = f"model.layers.{layer}"
+        for projection, width in widths.items():
+            shapes[f"{prefix}.self_attn.{projection}.weight"] = (width, HIDDEN_SIZE)
+            if moe:
+                shapes[f"{prefix}.self_attn.{projection}.bias"] = (width,)
+        if not moe:
+            shapes[f"{prefix}.self_attn.q_norm.weight"] = (HEAD_DIM,)
+            shapes[f"{prefix}.self_attn.k_norm.weight"] = (HEAD_DIM,)
+        shapes |= {
+            f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, widths["q_proj"]),
+            f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
+            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+            f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
+        }
+    return shapes
 
 
-def _write_model(
-    out_dir: Path,
-    seed: int,
-    config: Callable[[int, dict[str, int]], dict[str, Any]],
-    parameter_shapes: Callable[[int], dict[str, tuple[int, ...]]],
-) -> None:
+def _write_model(out_dir: Path, seed: int, moe: bool) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -369,7 +312,7 @@ def _write_model(
 
     generator = np.random.default_rng(seed)
     weights: dict[str, Any] = {}
-    for name, shape in sorted(parameter_shapes(vocab_size).items()):
+    for name, shape in sorted(_parameter_shapes(vocab_size, moe).items()):
         if name.endswith("norm.weight"):
             weights[name] = np.ones(shape, dtype=np.float32)
         else:
@@ -378,7 +321,7 @@ def _write_model(
             ) * np.float32(WEIGHT_STD)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
-    _write_json(out_dir / "config.json", config(vocab_size, token_ids))
+    _write_json(out_dir / "config.json", _config(vocab_size, token_ids, moe))
     generation_config = {
         "bos_token_id": token_ids[BOS_TOKEN],
         "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],

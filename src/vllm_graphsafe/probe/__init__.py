@@ -8,13 +8,13 @@ or chunk boundary plus K+1, next to control prompts one token shorter and longer
 and judges the answers with small pure checks (``checks``).
 
 Modules, each one concept: ``settings`` (what to probe, checked before any
-request), ``plan`` (which lengths), ``client`` (HTTP through httpx), ``session``
-(the requests, in order), ``overlap`` (how the inserted prompts met the long
-decode, from its stream), ``checks``, ``report`` (the JSON report's data),
-``dispatch_stats`` (the server's statistics), ``redaction`` (the API key out of
-everything returned), ``run`` (the entry point). Nothing here prints: the command
-line (:mod:`vllm_graphsafe.cli.probe`) shows the result and writes the report.
-Nothing here imports vLLM; httpx and tqdm are imported only once a probe runs.
+request; the server's statistics), ``plan`` (which lengths), ``client`` (HTTP
+through httpx), ``session`` (the requests, in order), ``overlap`` (how the
+inserted prompts met the long decode), ``checks``, ``redaction`` (the API key
+out of everything returned), ``run`` (the entry point; the JSON report's data).
+Nothing here prints: the command line (:mod:`vllm_graphsafe.cli.probe`) shows
+the result and writes the report. Nothing here imports vLLM; httpx and tqdm
+are imported only once a probe runs.
 
 Usage::
 

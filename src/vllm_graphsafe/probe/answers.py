@@ -80,10 +80,9 @@ class ServedModel:
     max_model_len: int | None
 
 
-def choose_model(payload: Any, wanted: str | None) -> ServedModel:
+def choose_model(entries: list[Any], wanted: str | None) -> ServedModel:
     """The served model to probe: ``wanted`` if given, else the first base model."""
-    entries = payload.get("data") if isinstance(payload, dict) else None
-    models = [e for e in entries or [] if isinstance(e, dict) and e.get("id")]
+    models = [e for e in entries if isinstance(e, dict) and e.get("id")]
     if not models:
         raise ProbeError(EXIT_BAD_RESPONSE, "The server lists no models at /v1/models.")
     if wanted is not None:

@@ -164,7 +164,7 @@ def check_repetition(
     ]
     if in_controls:
         return result(PASS, f"{found[0]}, as in the controls ({in_controls[0]})")
-    controls = ", ".join(str(n) for n in sorted(control_outputs)) or "none"
+    controls = ", ".join(str(n) for n in sorted(control_outputs))
     return result(FAIL, f"{found[0]}; controls {controls} show no such run")
 
 
@@ -184,8 +184,6 @@ def check_controls(
     vocab_size: int | None,
 ) -> CheckResult:
     result = partial(CheckResult, "controls", (length,))
-    if not control_outputs:
-        return result(SKIP, "no control length fits the model")
     controls = ", ".join(str(n) for n in sorted(control_outputs))
     every_control = (o for outputs in control_outputs.values() for o in outputs)
     control_kinds = anomalies(every_control, vocab_size)
@@ -201,16 +199,15 @@ def check_concurrent(
     solo: Mapping[int, Completion],
     context: str,
 ) -> CheckResult:
+    result = partial(CheckResult, "concurrent", group)
     for length, output in zip(group, outputs, strict=True):
         if not same_output(output, solo[length]):
-            return CheckResult(
-                "concurrent",
-                group,
+            return result(
                 FAIL,
                 f"{context}: the {length}-token prompt differs from its solo answer "
                 f"at {describe_difference(solo[length], output)}",
             )
-    return CheckResult("concurrent", group, PASS, f"{context}: all match solo answers")
+    return result(PASS, f"{context}: all match solo answers")
 
 
 def continues_counting(text: str, at_least: int = 5) -> bool:
@@ -253,10 +250,7 @@ def check_ongoing_decode(
             f"{describe_difference(solo, perturbed)}",
         )
     if overlapped_inserts == 0:
-        return result(
-            SKIP,
-            why_no_overlap or "no boundary prompt was answered while the decode ran",
-        )
+        return result(SKIP, why_no_overlap)
     return result(
         PASS,
         f"{len(solo.token_ids)} tokens match the solo run; {overlapped_inserts} of "

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     import httpx
     from tqdm import tqdm
 
-HTTP_UNAUTHORIZED = 401
-
 
 class RequestBudget:
     """A hard, thread-safe bound on the number of HTTP requests."""
@@ -178,7 +176,7 @@ class ServerClient:
     ) -> None:
         if response.is_success:
             return
-        if response.status_code == HTTP_UNAUTHORIZED:
+        if response.status_code == 401:
             if self.sent_key:
                 raise ProbeError(
                     EXIT_API_KEY,

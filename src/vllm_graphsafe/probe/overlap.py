@@ -27,17 +27,12 @@ class InsertSpan:
     sent_at: int
     answered_at: int
 
-    def overlapped(self, decode_tokens: int) -> bool:
-        """Whether the decode streamed before it was sent and after its answer."""
-        return self.sent_at > 0 and self.answered_at < decode_tokens
-
 
 class DecodeWatch:
     """The long decode's progress, shared by the thread reading its stream and
     the thread inserting prompts; it says when the stream may be closed."""
 
-    def __init__(self, min_tokens: int) -> None:
-        self.min_tokens = min_tokens
+    def __init__(self) -> None:
         #: Set at the first streamed token, or when the stream ends without one.
         self.started = threading.Event()
         self._lock = threading.Lock()
@@ -55,10 +50,11 @@ class DecodeWatch:
         with self._lock:
             return self._received
 
-    def inserts_answered(self) -> None:
-        """Every inserted prompt is answered: stop after a few more tokens."""
+    def inserts_answered(self, min_tokens: int) -> None:
+        """Every inserted prompt is answered: stop after a few more tokens, and
+        after ``min_tokens`` at least."""
         with self._lock:
-            self._stop_at = max(self.min_tokens, self._received + DECODE_TAIL_TOKENS)
+            self._stop_at = max(min_tokens, self._received + DECODE_TAIL_TOKENS)
 
     def abandon(self) -> None:
         """Stop at the next token: the inserting thread gave up."""

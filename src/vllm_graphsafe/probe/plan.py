@@ -44,10 +44,9 @@ class ProbePlan:
 
     @property
     def solo_lengths(self) -> tuple[int, ...]:
-        lengths = {boundary.length for boundary in self.boundaries}
-        for boundary in self.boundaries:
-            lengths.update(boundary.controls)
-        return tuple(sorted(lengths))
+        return tuple(
+            sorted({n for b in self.boundaries for n in (b.length, *b.controls)})
+        )
 
     @property
     def boundary_lengths(self) -> tuple[int, ...]:
@@ -190,33 +189,33 @@ def with_long_prompts(
         longs.append(Boundary(length, label, controls=(), long=True))
     lengths = ", ".join(f"{b.length:,}" for b in longs)
     if max_model_len is None:
-        note = f"long prompts ({lengths}) skipped: the server states no max_model_len"
-        return replace(plan, notes=(*plan.notes, note))
-    if any(b.length > max_model_len - max_tokens for b in longs):
-        note = (
-            f"long prompts ({lengths}) skipped: they do not fit max_model_len "
-            f"{max_model_len} with {max_tokens} new tokens"
+        why = "the server states no max_model_len"
+    elif any(b.length > max_model_len - max_tokens for b in longs):
+        why = (
+            f"they do not fit max_model_len {max_model_len} with {max_tokens} "
+            f"new tokens"
         )
-        return replace(plan, notes=(*plan.notes, note))
-    extended = replace(
-        plan,
-        boundaries=(*plan.boundaries, *longs),
-        groups=(*plan.groups, tuple(b.length for b in longs)),
-        decode_inserts=(*plan.decode_inserts, longs[0].length),
-        notes=(
-            *plan.notes,
-            f"long prompts {lengths} included; cold, each can take minutes: "
-            f"raise --timeout if they time out",
-        ),
+    else:
+        extended = replace(
+            plan,
+            boundaries=(*plan.boundaries, *longs),
+            groups=(*plan.groups, tuple(b.length for b in longs)),
+            decode_inserts=(*plan.decode_inserts, longs[0].length),
+            notes=(
+                *plan.notes,
+                f"long prompts {lengths} included; cold, each can take minutes: "
+                f"raise --timeout if they time out",
+            ),
+        )
+        if extended.request_count <= max_requests:
+            return extended
+        why = (
+            f"with them the plan needs {extended.request_count} requests, more "
+            f"than --max-requests {max_requests}"
+        )
+    return replace(
+        plan, notes=(*plan.notes, f"long prompts ({lengths}) skipped: {why}")
     )
-    if extended.request_count > max_requests:
-        note = (
-            f"long prompts ({lengths}) skipped: with them the plan needs "
-            f"{extended.request_count} requests, more than --max-requests "
-            f"{max_requests}"
-        )
-        return replace(plan, notes=(*plan.notes, note))
-    return extended
 
 
 def build_prompt(

@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from vllm_graphsafe.probe.checks import FAIL, SKIP, CheckResult
+from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, CheckResult, not_run_sentences
 from vllm_graphsafe.probe.client import RequestBudget, ServerClient
-from vllm_graphsafe.probe.dispatch_stats import read_dispatch_stats
 from vllm_graphsafe.probe.errors import (
     EXIT_BAD_ARGUMENT,
     EXIT_CHECK_FAILED,
@@ -28,9 +27,12 @@ from vllm_graphsafe.probe.errors import (
 )
 from vllm_graphsafe.probe.plan import make_plan
 from vllm_graphsafe.probe.redaction import redact
-from vllm_graphsafe.probe.report import build_report
 from vllm_graphsafe.probe.session import ProbeSession, ProbeState
-from vllm_graphsafe.probe.settings import ProbeSettings, check_settings
+from vllm_graphsafe.probe.settings import (
+    ProbeSettings,
+    check_settings,
+    read_dispatch_stats,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,62 @@ def checks_exit_status(checks: Sequence[CheckResult]) -> int:
     if any(check.status == SKIP for check in checks):
         return EXIT_INCOMPLETE
     return EXIT_OK
+
+
+def build_report(
+    state: ProbeState,
+    requests_sent: int,
+    exit_status: int,
+    error: str | None,
+    dispatch_stats: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    checks = state.checks
+    report: dict[str, Any] = {
+        "tool": "vllm-graphsafe probe",
+        "exit_status": exit_status,
+        "error": error,
+        "server": {
+            "base_url": state.base_url,
+            "model": state.model.model_id if state.model else None,
+            "max_model_len": state.model.max_model_len if state.model else None,
+            "vocab_size": state.vocab_size,
+            "vocab_size_source": state.vocab_size_source,
+            "instruction_source": state.instruction_source,
+            "decode_prompt_tokens": state.decode_prompt_tokens,
+        },
+        "settings": state.settings.to_json(),
+        "salt": state.salt,
+        "plan": state.plan.to_json(),
+        "requests_sent": requests_sent,
+        "checks": [
+            {
+                "name": c.name,
+                "lengths": list(c.lengths),
+                "status": c.status,
+                "passed": c.status == PASS,
+                "detail": c.detail,
+            }
+            for c in checks
+        ],
+        "summary": {
+            status: sum(c.status == status for c in checks)
+            for status in (PASS, FAIL, SKIP)
+        },
+        "not_run": not_run_sentences(checks),
+        "samples": [
+            {
+                "length": s.length,
+                "phase": s.phase,
+                "token_ids": list(s.output.token_ids),
+                "text": s.output.text,
+                "finish_reason": s.output.finish_reason,
+            }
+            for s in state.samples
+        ],
+    }
+    if dispatch_stats is not None:
+        report["dispatch_stats"] = dispatch_stats
+    return report
 
 
 def run_probe(

@@ -90,7 +90,10 @@ class DecodeRun:
 
     @property
     def overlapped(self) -> int:
-        return sum(span.overlapped(self.streamed) for span, _ in self.inserts)
+        return sum(
+            span.sent_at > 0 and span.answered_at < self.streamed
+            for span, _ in self.inserts
+        )
 
 
 @dataclass
@@ -126,8 +129,6 @@ class ProbeSession:
     def model_id(self) -> str:
         assert self.state.model is not None
         return self.state.model.model_id
-
-    # discovery
 
     def discover(self) -> None:
         self.state.model = self._served_model()
@@ -186,7 +187,7 @@ class ProbeSession:
         entries = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(entries, list):
             raise not_vllm("GET /v1/models answered without a list of models")
-        return choose_model(listing, self.settings.model)
+        return choose_model(entries, self.settings.model)
 
     def _fitted_plan(self, max_model_len: int | None) -> ProbePlan:
         settings = self.settings
@@ -275,8 +276,6 @@ class ProbeSession:
             raise
         return None
 
-    # completions
-
     def _completion_payload(
         self, prompt: list[int] | str, max_tokens: int
     ) -> dict[str, Any]:
@@ -301,9 +300,7 @@ class ProbeSession:
         self._record(Sample(length, phase, output))
         return output
 
-    def stream_decode(
-        self, max_tokens: int, watch: DecodeWatch | None = None
-    ) -> Completion:
+    def stream_decode(self, max_tokens: int, watch: DecodeWatch) -> Completion:
         """The counting prompt's greedy decode, streamed; ``watch`` follows it
         and may have the probe close the stream before the server ends it."""
         payload = {
@@ -348,14 +345,12 @@ class ProbeSession:
                     streamed = usage["completion_tokens"]
                 pieces.append(text)
                 finish_reason = choice.get("finish_reason") or finish_reason
-                if watch is not None:
-                    watch.streamed(streamed)
-                    if watch.may_stop():
-                        break
+                watch.streamed(streamed)
+                if watch.may_stop():
+                    break
         finally:
             events.close()
-            if watch is not None:
-                watch.started.set()
+            watch.started.set()
         text = "".join(pieces)
         if not ids_complete:
             ids = self._tokenize({"prompt": text, "add_special_tokens": False})
@@ -368,8 +363,6 @@ class ProbeSession:
     def _record(self, sample: Sample) -> None:
         with self._samples_lock:
             self.state.samples.append(sample)
-
-    # phases
 
     def run_solo(self) -> dict[int, tuple[Completion, Completion]]:
         lengths = self.state.plan.solo_lengths
@@ -397,7 +390,7 @@ class ProbeSession:
         context is full); how each one met it is measured from its stream.
         """
         self.decode_attempts += 1
-        watch = DecodeWatch(self.decode_tokens)
+        watch = DecodeWatch()
         spans: list[tuple[InsertSpan, Completion]] = []
         with ThreadPoolExecutor(max_workers=1) as pool:
             future: Future[Completion] = pool.submit(
@@ -412,7 +405,7 @@ class ProbeSession:
                     sent_at = watch.tokens()
                     output = self.complete(length, "inserted")
                     spans.append((InsertSpan(length, sent_at, watch.tokens()), output))
-                watch.inserts_answered()
+                watch.inserts_answered(self.decode_tokens)
             except BaseException:
                 watch.abandon()  # the stream must not run on to its limit
                 raise
@@ -456,30 +449,27 @@ class ProbeSession:
         try:
             # As long as the perturbed stream ran: greedy, so its prefix repeats.
             solo_tokens = max(perturbed.streamed, 1)
-            decode_solo = self.stream_decode(solo_tokens)
+            decode_solo = self.stream_decode(solo_tokens, DecodeWatch())
         finally:
             self._record_decode("decode with inserts", perturbed.decode)
         self._record_decode("decode solo", decode_solo)
-        for span, output in perturbed.inserts:
-            checks.append(
-                check_concurrent(
-                    (span.length,), [output], cold, "inserted during decode"
-                )
-            )
+        checks += [
+            check_concurrent((span.length,), [output], cold, "inserted during decode")
+            for span, output in perturbed.inserts
+        ]
         decode_lengths = (
             (self.state.decode_prompt_tokens,)
             if self.state.decode_prompt_tokens
             else ()
         )
-        overlapped = perturbed.overlapped
         checks.append(
             check_ongoing_decode(
                 decode_lengths,
                 decode_solo,
                 perturbed.decode,
-                overlapped,
+                perturbed.overlapped,
                 len(perturbed.inserts),
-                "" if overlapped else self.why_no_overlap(perturbed),
+                self.why_no_overlap(perturbed),
             )
         )
         checks += solo_checks(plan, solo, self.state.vocab_size)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_graphsafe.probe.dispatch_stats import read_dispatch_stats
 from vllm_graphsafe.probe.errors import bad_argument
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
@@ -169,6 +168,22 @@ def check_report_path(path: str) -> None:
     else:
         return
     raise bad_argument(f"Cannot write the JSON report to {path}: {reason} (--json).")
+
+
+def read_dispatch_stats(directory: str) -> dict[str, Any]:
+    """The summed statistics the server's processes wrote, or a ``ProbeError``."""
+    # The plugin's statistics module loads only when a directory is given.
+    from vllm_graphsafe.counts import StatsDirError, read_stats_dir
+
+    try:
+        return read_stats_dir(directory)
+    except StatsDirError as error:
+        raise bad_argument(str(error)) from None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise bad_argument(
+            f"The statistics directory {directory} holds JSON files that are not "
+            f"the plugin's statistics (--stats-dir)."
+        ) from None
 
 
 def check_settings(settings: ProbeSettings) -> str:

@@ -78,9 +78,9 @@ def _insert_new(
     return [LineEdit(last.end_lineno, last.end_lineno, text)]
 
 
-def uses_name(source: SourceFile, name: str, outside: ast.AST | None = None) -> bool:
-    """Whether ``name`` is read anywhere in the module (outside node ``outside``)."""
-    skip = set() if outside is None else {id(node) for node in ast.walk(outside)}
+def uses_name(source: SourceFile, name: str, outside: ast.AST) -> bool:
+    """Whether ``name`` is read anywhere in the module outside node ``outside``."""
+    skip = {id(node) for node in ast.walk(outside)}
     return any(
         isinstance(node, ast.Name) and node.id == name and id(node) not in skip
         for node in ast.walk(source.tree)

@@ -76,14 +76,10 @@ class SourceFile:
         line = self.lines[node.lineno - 1]
         return line[: len(line) - len(line.lstrip())]
 
-    def first_line(self, node: ast.stmt) -> int:
-        """0-based first line of a statement, its decorators included."""
-        decorators: list[ast.expr] = getattr(node, "decorator_list", [])
-        return min([node.lineno, *(d.lineno for d in decorators)]) - 1
-
     def insert_before(self, node: ast.stmt, text: str) -> LineEdit:
         """``text`` above ``node`` (and its decorators), indented as it is."""
-        line = self.first_line(node)
+        decorators: list[ast.expr] = getattr(node, "decorator_list", [])
+        line = min([node.lineno, *(d.lineno for d in decorators)]) - 1
         return LineEdit(line, line, indent_block(text, self.indent_of(node)))
 
     def insert_after(self, node: ast.stmt, text: str) -> LineEdit:

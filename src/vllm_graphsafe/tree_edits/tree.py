@@ -41,13 +41,10 @@ class Tree:
         relpath = module_path(module)
         return relpath in self.edited or (self.root / relpath).is_file()
 
-    def original(self, relpath: str) -> str | None:
-        return read_exact(self.root / relpath)
-
     def current(self, relpath: str) -> str | None:
         if relpath in self.edited:
             return self.edited[relpath]
-        return self.original(relpath)
+        return read_exact(self.root / relpath)
 
     def require(self, module: str) -> SourceFile:
         if not self.exists(module):

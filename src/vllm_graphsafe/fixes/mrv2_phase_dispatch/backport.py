@@ -12,12 +12,13 @@ import ast
 from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX, written_tests
+from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX
 from vllm_graphsafe.tree_edits.imports import rewrite_import, uses_name
 from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
     edit,
+    render_written_tests,
     written_test_path,
 )
 from vllm_graphsafe.tree_edits.source import (
@@ -159,12 +160,6 @@ _ONECAT_NAMES = _MRV2Layout(
 )
 
 
-def _mrv2_layout(tree: Tree) -> _MRV2Layout:
-    if any(tree.exists(module) for module, _ in AR_SPECULATORS):
-        return _UPSTREAM_NAMES
-    return _ONECAT_NAMES
-
-
 def _host_view(states: SourceFile, attribute: str) -> str:
     """``.np`` for a UVA/CPU-GPU buffer column, nothing for a numpy array."""
     for node in ast.walk(states.tree):
@@ -186,7 +181,8 @@ def _host_view(states: SourceFile, attribute: str) -> str:
 
 
 def plan(tree: Tree) -> Plan:
-    layout = _mrv2_layout(tree)
+    upstream = any(tree.exists(module) for module, _ in AR_SPECULATORS)
+    layout = _UPSTREAM_NAMES if upstream else _ONECAT_NAMES
     runner = tree.require(MRV2_RUNNER)
     owner = "GPUModelRunner.execute_model"
     execute = runner.function(owner)
@@ -259,10 +255,11 @@ def plan(tree: Tree) -> Plan:
     for module, propose in layout.speculators:
         if tree.exists(module):
             edit(plan, *_draft_prefill_edits(tree, module, propose, layout))
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.mrv2_phase_dispatch(
-        upstream_names=layout is _UPSTREAM_NAMES,
-        computed_np=computed_view == "",
-        prefill_np=prefill_view == "",
+    plan.tests[written_test_path(plan.fix_id)] = render_written_tests(
+        FIX.package,
+        ["dispatch", "upstream_helper" if upstream else "fork_helper"],
+        COMPUTED_IS_ARRAY=computed_view == "",
+        PREFILL_LEN_IS_ARRAY=prefill_view == "",
     )
     return plan
 

@@ -147,21 +147,6 @@ def _phase_cases(k: int, *, data_parallel: bool) -> list[Case[Step]]:
     return [Case(f"{name} (K={k})", expect, step) for name, expect, step in named]
 
 
-def target_cases() -> list[Case[Step]]:
-    return [c for k in TARGET_WIDTHS for c in _phase_cases(k, data_parallel=True)]
-
-
-def draft_cases(speculator: str) -> list[Case[Step]]:
-    return [
-        Case(f"{case.name}, {speculator}'s draft prefill", case.expect, case.step)
-        for k in DRAFT_WIDTHS
-        for case in _phase_cases(k, data_parallel=False)
-    ]
-
-
-# -- fake state -------------------------------------------------------------------
-
-
 def _state_index(index: int) -> int:
     # Request states sit in non-contiguous slots, as after other requests left.
     return 3 + 2 * index
@@ -201,7 +186,7 @@ def runner_state(step: Step) -> dict[str, Any]:
         tensor_parallel_size=1,
         pipeline_parallel_size=1,
     )
-    state: dict[str, Any] = {
+    return {
         "decode_query_len": step.k + 1,
         "num_speculative_steps": step.k,
         "req_states": request_states(step),
@@ -218,14 +203,8 @@ def runner_state(step: Step) -> dict[str, Any]:
         "speculator": None,
         "parallel_config": parallel,
         "observability_config": Fake("ObservabilityConfig", cudagraph_metrics=False),
+        **dict.fromkeys(STATE_UPDATES, lambda *args, **kwargs: None),
     }
-    for update in STATE_UPDATES:
-        state[update] = _no_op
-    return state
-
-
-def _no_op(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
@@ -348,13 +327,17 @@ class Target(NamedTuple):
         return run
 
     def judge(self) -> Evidence:
-        runs: dict[Case[Step], Callable[[Case[Step]], Outcome]] = dict.fromkeys(
-            target_cases(), self.run_target
-        )
+        runs: dict[Case[Step], Callable[[Case[Step]], Outcome]] = {
+            case: self.run_target
+            for k in TARGET_WIDTHS
+            for case in _phase_cases(k, data_parallel=True)
+        }
         for module, owner in self.speculators:
-            runs.update(
-                dict.fromkeys(draft_cases(owner), self.run_draft(module, owner))
-            )
+            run = self.run_draft(module, owner)
+            for k in DRAFT_WIDTHS:
+                for case in _phase_cases(k, data_parallel=False):
+                    name = f"{case.name}, {owner}'s draft prefill"
+                    runs[Case(name, case.expect, case.step)] = run
         return judge_cases(runs, lambda case: runs[case](case))
 
 

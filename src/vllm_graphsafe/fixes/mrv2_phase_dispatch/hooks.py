@@ -197,7 +197,7 @@ def _prefill_columns(computed: Any, prefill_len: Any) -> PrefillColumns | None:
     return PrefillColumns(host_computed, host_prefill_len)
 
 
-def draft_phase_reader() -> InPrefill:
+def input_batch_in_prefill(speculator: Any, input_batch: Any) -> bool:
     """Whether a row of the target's input batch was in prefill before this step.
 
     Reads the first ``num_reqs`` rows of ``is_prefilling_np``, the batch's
@@ -205,11 +205,7 @@ def draft_phase_reader() -> InPrefill:
     input batch carries from 0.22 through 0.27 (0.20's does not: see
     :func:`pre_step_phase_reader`).
     """
-
-    def input_batch_in_prefill(speculator: Any, input_batch: Any) -> bool:
-        return bool(_any(input_batch.is_prefilling_np[: input_batch.num_reqs]))
-
-    return input_batch_in_prefill
+    return bool(_any(input_batch.is_prefilling_np[: input_batch.num_reqs]))
 
 
 # -- the pre-step answer, where the batch carries no phase column (0.20) --------
@@ -360,7 +356,7 @@ bind_target_count = _phase_aware_count(
 #: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
 bind_draft_count = _phase_aware_count(
     _DRAFT_STEP,
-    draft_phase_reader,
+    lambda: input_batch_in_prefill,
     DRAFT_EVENT_PREFIX,
     "input_batch (num_reqs, is_prefilling_np)",
 )

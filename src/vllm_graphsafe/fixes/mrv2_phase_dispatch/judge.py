@@ -81,7 +81,6 @@ DRAFT_PREFILL_DISPATCHERS = (
 
 
 def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatcher]:
-    """The draft-prefill dispatchers of the installed release's layout."""
     return [
         dispatcher
         for dispatcher in DRAFT_PREFILL_DISPATCHERS
@@ -183,12 +182,6 @@ def live(draft: bool = True) -> Evidence | None:
     return judge_live(runner_class, input_batch, SourceReader(), draft=draft)
 
 
-def confirm() -> Evidence | None:
-    """The target's cases alone (the draft's would be compiled from the same
-    source the verdict was judged on): about a millisecond."""
-    return live(draft=False)
-
-
 def live_modules(verdict: Verdict | None) -> list[str]:
     speculators = [] if verdict is None else verdict.layout.get("speculators", [])
     return [MRV2_RUNNER, MRV2_INPUT_BATCH, *speculators]
@@ -205,6 +198,8 @@ JUDGE = FixJudge(
     layout=layout,
     reads=reads,
     live=live,
-    confirm=confirm,
+    # The target's cases alone (the draft's would be compiled from the same
+    # source the verdict was judged on): about a millisecond.
+    confirm=lambda: live(draft=False),
     live_modules=live_modules,
 )

@@ -23,14 +23,19 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.fixes.replay_guard import FIX, written_tests
+from vllm_graphsafe.fixes.replay_guard import FIX
 from vllm_graphsafe.fixes.replay_guard.eager_branch import (
     METADATA_LOCAL,
     eager_metadata,
     replay_branch,
 )
 from vllm_graphsafe.tree_edits.imports import rewrite_import
-from vllm_graphsafe.tree_edits.plan import Plan, edit, written_test_path
+from vllm_graphsafe.tree_edits.plan import (
+    Plan,
+    edit,
+    render_written_tests,
+    written_test_path,
+)
 from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
@@ -159,8 +164,10 @@ def plan(tree: Tree) -> Plan:
         sites = _mrv2(tree, plan)
         plan.layout += f" and Model Runner V2 ({sites} replay sites)"
         plan.names = (HAS_PREFILL, LEAVE_DECODE_GRAPH)
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.replay_guard(
-        flag=flag, mrv2=sites > 0
+    plan.tests[written_test_path(plan.fix_id)] = render_written_tests(
+        FIX.package,
+        ["wrapper", "mrv2"] if sites > 0 else ["wrapper"],
+        UNIFORM_FLAG=flag,
     )
     return plan
 

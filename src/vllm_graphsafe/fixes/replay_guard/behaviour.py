@@ -88,14 +88,6 @@ def _metadata(groups: tuple[int, ...], per_group: int = 3) -> dict[str, Any]:
     return layers
 
 
-def _runnable(eager: list[bool]) -> Callable[..., str]:
-    def run(*args: Any, **kwargs: Any) -> str:
-        eager.append(True)
-        return "eager"
-
-    return run
-
-
 class Target(NamedTuple):
     make: Callable[[dict[str, Any]], Any]
     modes: Any
@@ -117,6 +109,11 @@ class Target(NamedTuple):
             )
         graph = Graph()
         eager: list[bool] = []
+
+        def runnable(*args: Any, **kwargs: Any) -> str:
+            eager.append(True)
+            return "eager"
+
         metadata = [_metadata(groups) for groups in case.step.groups]
         context = Fake(
             "ForwardContext",
@@ -134,7 +131,7 @@ class Target(NamedTuple):
         wrapper = self.make(
             {
                 "runtime_mode": full,
-                "runnable": _runnable(eager),
+                "runnable": runnable,
                 "concrete_cudagraph_entries": {batch: entry},
                 "cudagraph_options": Fake(
                     "CUDAGraphOptions", debug_log_enable=False, gc_disable=False
@@ -156,7 +153,6 @@ class Target(NamedTuple):
 
 
 def judge_source(sources: SourceReader) -> Evidence:
-    """The cases on the tree's ``CUDAGraphWrapper.__call__``."""
     code = shared_code(sources)
     if not sources.has_class(CUDA_GRAPH, CUDA_GRAPH_WRAPPER_CLASS):
         raise CannotRun(f"{CUDA_GRAPH} defines no {CUDA_GRAPH_WRAPPER_CLASS}")

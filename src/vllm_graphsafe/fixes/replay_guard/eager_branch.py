@@ -241,12 +241,10 @@ def _compile(
     module_globals: dict[str, Any],
 ) -> Callable[..., dict[str, Any]]:
     name = f"{code.co_name}_eager_branch"
-    parameters = f"*, {', '.join(inputs)}" if inputs else ""
-    module = ast.parse(f"def {name}({parameters}):\n    return locals()\n")
+    module = ast.parse(f"def {name}(*, {', '.join(inputs)}):\n    return locals()\n")
     function = module.body[0]
     assert isinstance(function, ast.FunctionDef)
-    line = statements[0].lineno if statements else code.co_firstlineno
-    ast.increment_lineno(module, line - 1)
+    ast.increment_lineno(module, statements[0].lineno - 1)
     function.body[:0] = statements
     namespace: dict[str, Any] = {}
     exec(

@@ -45,8 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
-from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import counts
@@ -59,7 +57,7 @@ from vllm_graphsafe.fixes.replay_guard.judge import (
     WRAPPER_ROLE,
 )
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
-from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
+from vllm_graphsafe.hook_points import Factory, HookPoint, OnFailure, ReplaceHook
 from vllm_graphsafe.judging import Verdict
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, FORWARD_CONTEXT, load_name
 
@@ -70,43 +68,6 @@ _READING = (
     "CUDAGraphWrapper.runtime_mode and runnable, the forward context's "
     "cudagraph_runtime_mode, batch_descriptor and attn_metadata (num_prefills)"
 )
-
-logger = logging.getLogger("vllm.graphsafe")
-
-
-def uniform_flag(descriptor_class: type) -> Callable[[Any], bool]:
-    """The reader of a batch descriptor's uniform (decode) flag, for this
-    release's ``BatchDescriptor``; ``TypeError`` where it has none."""
-    names = {field.name for field in dataclasses.fields(descriptor_class)}
-    flag = next((flag for flag in UNIFORM_FLAGS if flag in names), None)
-    if flag is None:
-        raise TypeError(
-            f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
-            "decode graph from a mixed one"
-        )
-
-    def is_decode_graph(descriptor: Any) -> bool:
-        return descriptor is not None and bool(getattr(descriptor, flag))
-
-    return is_decode_graph
-
-
-def run_without_graph(
-    runnable: Callable[..., Any],
-    context: Any,
-    eager_mode: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """The wrapper's runnable, eagerly: the forward context says NONE for the
-    call (inner PIECEWISE wrappers and FULL-aware layers then run eagerly),
-    and says what it said again afterwards."""
-    mode = context.cudagraph_runtime_mode
-    context.cudagraph_runtime_mode = eager_mode
-    try:
-        return runnable(*args, **kwargs)
-    finally:
-        context.cudagraph_runtime_mode = mode
 
 
 def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
@@ -123,7 +84,14 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
     full, eager = modes.FULL, modes.NONE
     available = load_name(FORWARD_CONTEXT, "is_forward_context_available")
     current = load_name(FORWARD_CONTEXT, "get_forward_context")
-    is_decode_graph = uniform_flag(load_name(FORWARD_CONTEXT, "BatchDescriptor"))
+    descriptor_class = load_name(FORWARD_CONTEXT, "BatchDescriptor")
+    names = {field.name for field in dataclasses.fields(descriptor_class)}
+    flag = next((flag for flag in UNIFORM_FLAGS if flag in names), None)
+    if flag is None:
+        raise TypeError(
+            f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
+            "decode graph from a mixed one"
+        )
     count = counts.STATS.counter(PATCH_ID)
     readers: dict[int, GroupPrefills] = {}
 
@@ -135,8 +103,10 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
         try:
             if available():
                 step = current()
-                if step.cudagraph_runtime_mode is full and is_decode_graph(
-                    step.batch_descriptor
+                if (
+                    step.cudagraph_runtime_mode is full
+                    and (descriptor := step.batch_descriptor) is not None
+                    and getattr(descriptor, flag)
                 ):
                     reader = readers.get(id(self))
                     if reader is None:
@@ -155,7 +125,13 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
             return original(self, *args, **kwargs)
         if context is None:
             return original(self, *args, **kwargs)
-        return run_without_graph(self.runnable, context, eager, args, kwargs)
+        # NONE for the call: inner PIECEWISE wrappers and FULL-aware layers
+        # then run eagerly too.
+        context.cudagraph_runtime_mode = eager
+        try:
+            return self.runnable(*args, **kwargs)
+        finally:
+            context.cudagraph_runtime_mode = full
 
     return guarded_call
 
@@ -174,9 +150,11 @@ def hook_points(verdict: Verdict) -> list[HookPoint]:
     its managers' replays (:mod:`.mrv2`)."""
     from vllm_graphsafe.fixes.replay_guard import mrv2
 
-    factories = {
+    factories: dict[str, Factory] = {
         WRAPPER_ROLE: bind_guarded_wrapper_call,
-        TARGET_REPLAY_ROLE: mrv2.bind_guarded_target_replay,
+        TARGET_REPLAY_ROLE: functools.partial(
+            mrv2.bind_guarded_replay, require_site=True
+        ),
         REPLAY_ROLE: mrv2.bind_guarded_replay,
     }
     return [

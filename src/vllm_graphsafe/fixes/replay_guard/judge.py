@@ -32,15 +32,14 @@ REPLAY_ROLE = "guarded replay"
 
 def stores_attribute(node: ast.AST, attribute: str) -> bool:
     """Whether code inside ``node`` assigns to some ``<x>.<attribute>``."""
-    for child in recognition.walk(node):
-        if isinstance(child, ast.Assign | ast.AugAssign | ast.AnnAssign):
-            targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-            if any(
-                isinstance(target, ast.Attribute) and target.attr == attribute
-                for target in targets
-            ):
-                return True
-    return False
+    return any(
+        isinstance(target, ast.Attribute) and target.attr == attribute
+        for child in recognition.walk(node)
+        if isinstance(child, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for target in (
+            child.targets if isinstance(child, ast.Assign) else [child.target]
+        )
+    )
 
 
 def reads_prefill_counts(

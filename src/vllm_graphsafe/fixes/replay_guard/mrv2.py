@@ -30,7 +30,8 @@ import functools
 import inspect
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from vllm_graphsafe import counts
 from vllm_graphsafe.fixes.replay_guard import (
@@ -39,13 +40,11 @@ from vllm_graphsafe.fixes.replay_guard import (
     FIX,
     REPLAYED,
 )
+from vllm_graphsafe.fixes.replay_guard.common import WARN_ONCE
 from vllm_graphsafe.fixes.replay_guard.judge import REPLAY, RUNNER_STEP
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 from vllm_graphsafe.hook_points import OnFailure
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, load_name
-
-if TYPE_CHECKING:
-    from vllm_graphsafe.fixes.replay_guard.eager_branch import Site
 
 PATCH_ID = FIX.id
 #: The step whose replay is the target's; any other site is a draft's.
@@ -70,30 +69,18 @@ def is_decode_graph(descriptor: Any) -> bool:
     )
 
 
-def _site(code: types.CodeType, module_globals: dict[str, Any]) -> Site | None:
-    from vllm_graphsafe.fixes.replay_guard.eager_branch import NotASite, site_of
-
-    try:
-        return site_of(code, module_globals)
-    except NotASite:
-        return None
-
-
 class NotAReplaySite(LookupError):
     """The target's replay was called from a step the guard cannot read."""
-
-
-def bind_guarded_target_replay(original: Any, on_failure: OnFailure) -> Any:
-    """The target's ``run_fullgraph``, guarded: its caller (``execute_model``)
-    must be a replay site, or the guard fails visibly (state ``failed``, one
-    warning) instead of replaying unguarded in silence."""
-    return bind_guarded_replay(original, on_failure, require_site=True)
 
 
 def bind_guarded_replay(
     original: Any, on_failure: OnFailure, *, require_site: bool = False
 ) -> Any:
-    """Factory of a :class:`ReplaceHook`: a manager's ``run_fullgraph``, guarded."""
+    """Factory of a :class:`ReplaceHook`: a manager's ``run_fullgraph``, guarded.
+
+    With ``require_site`` (the target's), a caller that is no replay site
+    fails the guard visibly (state ``failed``, one warning) instead of
+    replaying unguarded in silence."""
     parameters = tuple(inspect.signature(original).parameters)
     if len(parameters) != 2:
         raise TypeError(f"{REPLAY} takes {parameters}, not (self, desc)")
@@ -105,14 +92,20 @@ def bind_guarded_replay(
 
     @functools.wraps(original)
     def guarded_run_fullgraph(self: Any, desc: Any) -> Any:
-        fallback: tuple[Site, dict[str, Any], Any] | None = None
+        fallback: Callable[[], Any] | None = None
         try:
             if is_decode_graph(desc):
                 frame = getframe(1)
                 code = frame.f_code
                 site = sites.get(code, _NOT_A_SITE)
                 if site is _NOT_A_SITE:
-                    site = sites[code] = _site(code, frame.f_globals)
+                    from vllm_graphsafe.fixes.replay_guard import eager_branch
+
+                    try:
+                        site = eager_branch.site_of(code, frame.f_globals)
+                    except eager_branch.NotASite:
+                        site = None
+                    sites[code] = site
                 if site is None and require_site:
                     raise NotAReplaySite(
                         f"{code.co_name} ({code.co_filename}:{code.co_firstlineno}) "
@@ -128,9 +121,18 @@ def bind_guarded_replay(
                     metadata = caller.get(site.metadata)
                     if reader.holds_prefill(metadata):
                         count(prefix + FELL_BACK)
-                        warn(reader, desc, metadata, site)
-                        eager_desc = dataclasses.replace(desc, cg_mode=eager)
-                        fallback = (site, dict(caller), eager_desc)
+                        WARN_ONCE(
+                            "Model Runner V2's FULL decode CUDA graph"
+                            if site.function == TARGET_SITE
+                            else "a FULL draft CUDA graph of the speculator "
+                            f"({site.function})",
+                            functools.partial(_shape, reader, desc, metadata),
+                        )
+                        fallback = functools.partial(
+                            site.run_eagerly,
+                            dict(caller),
+                            dataclasses.replace(desc, cg_mode=eager),
+                        )
                     else:
                         count(prefix + REPLAYED)
                 del frame
@@ -139,25 +141,14 @@ def bind_guarded_replay(
             return original(self, desc)
         if fallback is None:
             return original(self, desc)
-        site, caller, eager_desc = fallback
-        return site.run_eagerly(caller, eager_desc)
+        return fallback()
 
     return guarded_run_fullgraph
 
 
-def warn(reader: GroupPrefills, desc: Any, metadata: Any, site: Site) -> None:
-    from vllm_graphsafe.fixes.replay_guard.common import WARN_ONCE
-
-    where = (
-        "Model Runner V2's FULL decode CUDA graph"
-        if site.function == TARGET_SITE
-        else f"a FULL draft CUDA graph of the speculator ({site.function})"
-    )
-    WARN_ONCE(
-        where,
-        lambda: describe_step(
-            getattr(desc, "num_tokens", None),
-            getattr(desc, "num_reqs", None),
-            reader.prefill_counts(metadata),
-        ),
+def _shape(reader: GroupPrefills, desc: Any, metadata: Any) -> str:
+    return describe_step(
+        getattr(desc, "num_tokens", None),
+        getattr(desc, "num_reqs", None),
+        reader.prefill_counts(metadata),
     )

@@ -9,8 +9,13 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.fixes.v1_dummy_staging import FIX, written_tests
-from vllm_graphsafe.tree_edits.plan import Plan, edit, written_test_path
+from vllm_graphsafe.fixes.v1_dummy_staging import FIX
+from vllm_graphsafe.tree_edits.plan import (
+    Plan,
+    edit,
+    render_written_tests,
+    written_test_path,
+)
 from vllm_graphsafe.tree_edits.source import (
     LineEdit,
     MissingSymbolError,
@@ -155,8 +160,10 @@ def plan(tree: Tree) -> Plan:
     if dcp_call is not None:
         edit(plan, *_dcp_helper_consumes_staged_positions(tree))
     edit(plan, runner, edits)
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_dummy_staging(
-        dcp=dcp_call is not None, seq_lens_layout=seq_lens_layout
+    plan.tests[written_test_path(plan.fix_id)] = render_written_tests(
+        FIX.package,
+        ["staging", "dcp"] if dcp_call is not None else ["staging"],
+        SEQ_LENS_LAYOUT=seq_lens_layout,
     )
     return plan
 

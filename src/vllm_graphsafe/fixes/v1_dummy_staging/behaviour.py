@@ -116,25 +116,17 @@ class HostDeviceBuffer:
         self.np = self.cpu.numpy()
 
     def copy_to_gpu(self, n: int | None = None) -> Any:
-        if n is None:
-            self.gpu.copy_(self.cpu)
-        else:
-            self.gpu[:n].copy_(self.cpu[:n])
-        return self.gpu[:n] if n is not None else self.gpu
+        self.gpu[:n].copy_(self.cpu[:n])
+        return self.gpu[:n]
 
 
-def _torch() -> Any:
+def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, Any]:
     try:
         import torch
     except ImportError as error:
         raise CannotRun(
             "torch is not installed here (vLLM's buffers are tensors)"
         ) from error
-    return torch
-
-
-def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, Any]:
-    torch = _torch()
     rows = run.max_num_seqs + 4
     computed = np.full(rows, STALE_COMPUTED, dtype=np.int32)
     seq_lens = torch.zeros(rows, dtype=torch.int32)
@@ -268,7 +260,6 @@ class Target(NamedTuple):
 
 
 def judge_source(sources: SourceReader) -> Evidence:
-    """The cases on ``_dummy_run`` compiled from ``sources`` (never imported)."""
     target = Target(*compiled_runner(sources, V1_RUNNER, V1_RUNNER_CLASS))
     return judge_cases(cases(), target.run)
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import ast
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
-from vllm_graphsafe.fixes.v1_phase_dispatch import FIX, written_tests
+from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     counts_drafts_only_on_drafting_steps,
     recognise_draft_counting,
@@ -23,6 +22,7 @@ from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
     edit,
+    render_written_tests,
     written_test_path,
 )
 from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
@@ -172,10 +172,15 @@ def plan(tree: Tree) -> Plan:
     name = classification.targets[0].id  # type: ignore[attr-defined]
     worker = tree.source(V1_WORKER) if tree.exists(V1_WORKER) else None
     early = worker is not None and recognition.calls_name(worker.tree, _DISPATCH_NAME)
-    drafting_only = counts_drafts_only_on_drafting_steps(
-        runner.function("GPUModelRunner._prepare_inputs")
-    )
-    counting = _draft_counting(runner) if early else None
+    prepare_inputs = runner.function("GPUModelRunner._prepare_inputs")
+    drafting_only = counts_drafts_only_on_drafting_steps(prepare_inputs)
+    # The inserted scheduler-output rule counts drafts as _prepare_inputs does.
+    counting = recognise_draft_counting(prepare_inputs) if early else None
+    if early and counting is None:
+        raise MissingSymbolError(
+            "the draft counting of GPUModelRunner._prepare_inputs (a condition "
+            "on the prompt length or on the scheduled tokens)"
+        )
     methods = _HAS_PREFILL_METHOD.format(
         parameters=_STEP_PARAMETERS if early else _PARAMETERS,
         drafting_doc=_DRAFTING_DOC if drafting_only else "",
@@ -205,28 +210,21 @@ def plan(tree: Tree) -> Plan:
     if early:
         assert worker is not None
         edit(plan, worker, [_hand_the_step_to_the_worker_dispatch(worker)])
-    plan.tests[written_test_path(plan.fix_id)] = written_tests.v1_phase_dispatch(
-        name,
-        scheduled_step=early,
-        worker_classifies_early=early,
-        drafts_counted_when_drafting=drafting_only,
-        drafts_count_past_prompt=counting is not None and counting.past_prompt,
+    sections = {
+        "dispatch": True,
+        "scheduled_step": early,
+        "drafting_steps_only": drafting_only,
+        "worker": early,
+    }
+    constants: dict[str, bool | str] = {"CLASSIFICATION": name}
+    if counting is not None:
+        constants["DRAFTS_COUNT_PAST_PROMPT"] = counting.past_prompt
+    plan.tests[written_test_path(plan.fix_id)] = render_written_tests(
+        FIX.package,
+        [section for section, wanted in sections.items() if wanted],
+        **constants,
     )
     return plan
-
-
-def _draft_counting(runner: SourceFile) -> DraftCounting:
-    """How the tree's ``_prepare_inputs`` counts drafts, which the inserted
-    scheduler-output rule must count alike."""
-    counting = recognise_draft_counting(
-        runner.function("GPUModelRunner._prepare_inputs")
-    )
-    if counting is None:
-        raise MissingSymbolError(
-            "the draft counting of GPUModelRunner._prepare_inputs (a condition "
-            "on the prompt length or on the scheduled tokens)"
-        )
-    return counting
 
 
 def _hand_the_step_to_the_runner_dispatch(

@@ -121,9 +121,6 @@ def cases() -> list[Case[Step]]:
     return found
 
 
-# -- the runner, as vLLM holds the step when it dispatches ----------------------
-
-
 def _draft_count(row: Row) -> int:
     """The builders' count for the row (``num_decode_draft_tokens``): its
     drafts where it schedules exactly 1 + drafts, 0 for a one-token decode
@@ -214,7 +211,6 @@ def runner_state(
 
 
 def _scheduler_output(step: Step) -> Fake:
-    """The step's ``SchedulerOutput``, for a dispatch that reads it."""
     new = [
         Fake(
             "NewRequestData",
@@ -304,7 +300,6 @@ def _judged(case: Case[Step], full: bool) -> Outcome:
 
 
 def judge_source(sources: SourceReader) -> Evidence:
-    """The cases on the runner compiled from ``sources`` (never imported)."""
     target = Target(
         *compiled_runner(sources, V1_RUNNER, V1_RUNNER_CLASS),
         draft_counts_only_on_drafting_steps(sources),
@@ -313,7 +308,6 @@ def judge_source(sources: SourceReader) -> Evidence:
 
 
 def judge_live(runner_class: type, installed: SourceReader) -> Evidence:
-    """The cases on the installed runner class's own methods."""
     target = Target(
         *live_runner(runner_class, OVERRIDES),
         draft_counts_only_on_drafting_steps(installed),

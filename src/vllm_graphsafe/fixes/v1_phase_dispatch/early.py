@@ -103,20 +103,8 @@ def _holding_the_step(execute: Callable[..., Any], worker: Any) -> Callable[...,
     return execute_model_holding_its_step
 
 
-def hold_steps(original: Any, on_failure: OnFailure) -> StepHoldingExecute:
-    """The :class:`ReplaceHook` factory for ``Worker.execute_model``."""
-    return StepHoldingExecute(original, on_failure)
-
-
-def held_step(runner: Any) -> Any:
-    """The scheduler output of the step ``runner`` is executing."""
-    step = _HELD_STEPS.get(id(runner))
-    if step is None:
-        raise LookupError(
-            "no scheduler output is held for this step: the runner classified "
-            f"a step outside its worker's {_WORKER_EXECUTE_NAME}"
-        )
-    return step
+#: The :class:`ReplaceHook` factory for ``Worker.execute_model``.
+hold_steps = StepHoldingExecute
 
 
 class ScheduledStepRule:
@@ -130,7 +118,12 @@ class ScheduledStepRule:
         self._counting = counting
 
     def __call__(self, runner: Any, decode_query_len: int) -> bool:
-        step = held_step(runner)
+        step = _HELD_STEPS.get(id(runner))
+        if step is None:
+            raise LookupError(
+                "no scheduler output is held for this step: the runner classified "
+                f"a step outside its worker's {_WORKER_EXECUTE_NAME}"
+            )
         num_drafts = decode_query_len - 1
         counting = self._counting if num_drafts else DraftCounting()
         if counting is None:

@@ -96,13 +96,15 @@ def reads(layout: Layout) -> list[Requirement]:
     if layout["stale_draft_counts"]:
         read.append((V1_INPUT_BATCH, "InputBatch", "spec_token_ids"))
     found: list[Requirement] = [SetsAttribute(*where, SHAPE_RULE) for where in read]
-    if layout["classifies_early"]:
-        found += _early_reads()
-    return found
-
-
-def _early_reads() -> list[Requirement]:
-    """What the rule and the worker's hook read where the worker classifies early."""
+    if not layout["classifies_early"]:
+        return found
+    # What the rule and the worker's hook read where the worker classifies early.
+    found += [
+        SetsAttribute(V1_WORKER, "Worker", "model_runner", WORKER_EXECUTE),
+        TakesParameters(
+            V1_WORKER, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
+        ),
+    ]
     read = [
         (V1_RUNNER, "GPUModelRunner", "parallel_config"),
         (V1_RUNNER, "GPUModelRunner", "compilation_config"),
@@ -117,13 +119,7 @@ def _early_reads() -> list[Requirement]:
         for owner, fields in _STEP_FIELDS.items()
         for field in fields
     ]
-    return [
-        SetsAttribute(V1_WORKER, "Worker", "model_runner", WORKER_EXECUTE),
-        TakesParameters(
-            V1_WORKER, WORKER_EXECUTE, ("scheduler_output",), WORKER_EXECUTE
-        ),
-        *(SetsAttribute(*where, SHAPE_RULE) for where in read),
-    ]
+    return found + [SetsAttribute(*where, SHAPE_RULE) for where in read]
 
 
 def native_reason(sources: SourceReader) -> str | None:
