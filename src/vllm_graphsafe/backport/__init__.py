@@ -416,6 +416,12 @@ class Dropping:
     entangled: list[str] = field(default_factory=list)
 
 
+#: States in which the tree carries something of ours that --drop takes out.
+DROPPABLE = frozenset(
+    {Status.OURS, Status.BOTH, Status.OURS_CHANGED, Status.TARGET_GONE}
+)
+
+
 def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> Dropping:
     """Our edits of the requested fixes taken out, with their tests and records
     deleted. Where a hunk changed since it was written, nothing of that fix
@@ -428,8 +434,8 @@ def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> D
     texts: dict[str, str | None] = {}
     for outcome in reversed(result.outcomes):
         record = outcome.record
-        if record is None or outcome.status is Status.NEEDED:
-            continue  # the tree carries nothing of ours (a planned record)
+        if record is None or outcome.status not in DROPPABLE:
+            continue
         if outcome.status is Status.OURS_CHANGED and not force:
             continue
         later = _later(record.fix_id, records)
