@@ -1,15 +1,6 @@
-"""The patch catalogue: each patch's facts and the release table, rendered.
-
-One source for what users read: the fields each patch declares (id, title,
-what, why, binds_to, upstream, delete_when) and ``data/releases.json``. Doctor
-prints :func:`render_text`; the README's support table and the patch table of
-``docs/fixes.md`` are the blocks :func:`render_support_markdown` and
-:func:`render_patches_markdown` write between their ``<!-- generated:NAME -->``
-markers (:func:`replace_block`, which the benchmark table uses too).
-
-``python -m vllm_graphsafe.catalogue --check README.md docs/fixes.md`` exits 1
-when a block is stale, ``--write README.md docs/fixes.md`` regenerates them.
-"""
+"""The patch catalogue: each fix's facts and the release table, rendered for
+doctor, and as the blocks between ``<!-- generated:NAME -->`` markers in the
+docs and in each fix's hooks module (``--check``/``--write``)."""
 
 from __future__ import annotations
 
@@ -39,7 +30,6 @@ def _verified_on(fix: Fix) -> str:
 
 
 def _wrapped(value: str, first: str, rest: str) -> list[str]:
-    """``value`` without backticks, wrapped to 88 columns after ``first``."""
     return textwrap.wrap(
         value.replace("`", ""),
         width=88,
@@ -89,8 +79,8 @@ def what_the_sweep_ran(row: ReleaseRow) -> str:
 
 
 def render_support_markdown() -> str:
-    """One row per release in the release table: CI's rows are re-verified on
-    every CI run (the backport too); the others say what the sweep ran, when."""
+    """CI's rows are re-verified on every CI run (the backport too); the others
+    say what the sweep ran, when."""
     ids = [patch.id for patch in all_fixes()]
     lines = [
         "| vLLM release | verified | what ran | " + " | ".join(ids) + " | backport |",
@@ -116,7 +106,6 @@ def render_support_markdown() -> str:
 
 
 def render_text() -> str:
-    """The catalogue for a terminal (``doctor --catalogue``)."""
     blocks = []
     for patch in all_fixes():
         lines = [f"{patch.id}: {patch.title}"]
@@ -134,8 +123,6 @@ def render_text() -> str:
 
 
 def render_hooks_header(fix: Fix) -> str:
-    """The fix's facts as the comment block heading its hooks module: what it
-    changes, why, the upstream references, when it is removed."""
     lines = [f"# {fix.id}: {fix.title}."]
     for label, value in (
         ("What", fix.what),
@@ -153,8 +140,7 @@ def render_hooks_header(fix: Fix) -> str:
 
 
 def blocks() -> dict[str, Callable[[], str]]:
-    """Every block generated here: marker name -> renderer (the documents'
-    tables, and the heading of each fix's hooks module)."""
+    """Every block generated here: marker name -> renderer."""
     found: dict[str, Callable[[], str]] = {
         "patches": render_patches_markdown,
         "support": render_support_markdown,
@@ -166,7 +152,6 @@ def blocks() -> dict[str, Callable[[], str]]:
 
 
 def hooks_modules() -> list[Path]:
-    """The file of each fix's hooks module, whose heading is generated here."""
     files = []
     for fix in all_fixes():
         spec = importlib.util.find_spec(f"{fix.package}.hooks")
@@ -180,7 +165,6 @@ class MarkerError(ValueError):
 
 
 def markers(name: str) -> tuple[str, str]:
-    """The comment lines that open and close the generated block ``name``."""
     return f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
 
 
@@ -201,10 +185,7 @@ def holds_block(text: str, name: str) -> bool:
 
 
 def replace_block(text: str, name: str, content: str) -> str:
-    """``text`` with its generated block ``name`` holding ``content``.
-
-    The one splicer of generated blocks: the benchmark table uses it too.
-    """
+    """The one splicer of generated blocks: the benchmark table uses it too."""
     start, end = _span(text, name)
     return text[:start] + content + "\n" + text[end:]
 

@@ -1,9 +1,6 @@
-"""The graph-hazard emulator's own vLLM general plugin (``graphsafe_emulator``).
-
-vLLM loads it in every process, as it loads the fixes' plugin; it loads the
-emulator (:mod:`vllm_graphsafe.emulator`, a test instrument) only where
-``GRAPHSAFE_EMULATE_GRAPH_HAZARD`` is on, and does nothing else.
-"""
+"""The graph-hazard emulator's own vLLM general plugin (``graphsafe_emulator``):
+installs the emulator (a test instrument) where ``GRAPHSAFE_EMULATE_GRAPH_HAZARD``
+is on, and does nothing else."""
 
 from __future__ import annotations
 

@@ -206,7 +206,6 @@ COMMANDS: dict[str, tuple[ExitStatus, ...]] = {
     "backport": BACKPORT,
 }
 
-HELP_WIDTH = 79
 BLOCK = "exit-statuses"
 
 
@@ -219,7 +218,7 @@ def help_text(command: str) -> str:
         lead = f"  {status.code:>{width}}  "
         lines += textwrap.wrap(
             status.meaning,
-            width=HELP_WIDTH,
+            width=79,
             initial_indent=lead,
             subsequent_indent=" " * len(lead),
             break_on_hyphens=False,
@@ -227,16 +226,11 @@ def help_text(command: str) -> str:
     return "\n".join(lines)
 
 
-def _markdown_cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def markdown() -> str:
     """One table: every command's statuses (the docs' and the README's block)."""
     lines = ["| command | exit | meaning |", "|---|--:|---|"]
     for command, statuses in COMMANDS.items():
-        lines += [
-            f"| `{command}` | {status.code} | {_markdown_cell(status.meaning)} |"
-            for status in statuses
-        ]
+        for status in statuses:
+            meaning = status.meaning.replace("|", "\\|")
+            lines.append(f"| `{command}` | {status.code} | {meaning} |")
     return "\n".join(lines)

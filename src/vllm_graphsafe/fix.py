@@ -1,10 +1,8 @@
 """What a fix declares: its facts, and where its code lives.
 
-Standard library only: the plugin reads this list in every vLLM process, and the
-repository's scripts read it under the machine's own ``python3``. A fix's
-folder (:attr:`Fix.package`) holds its judge (``judge``: ``JUDGE``), its
-runtime hooks (``hooks``) and its backport planner (``backport``: ``plan``),
-each imported by what needs it.
+Standard library only: the repository's scripts read it under the machine's own
+``python3``. A fix's folder (:attr:`Fix.package`) holds its ``judge``
+(``JUDGE``), ``hooks`` and ``backport`` (``plan``), each imported on demand.
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ from typing import NamedTuple
 
 
 class Fix(NamedTuple):
-    """One fix of this package; its folder is :attr:`package`."""
-
     id: str
     title: str
     #: What it changes, in one or two sentences.
@@ -29,8 +25,7 @@ class Fix(NamedTuple):
     commit_subject: str
     #: The module of the code it fixes: without it, the fix does not apply.
     anchor: str
-    #: Why the fix does not apply to a vLLM without ``anchor``, for the
-    #: operator (doctor's ``not applicable``).
+    #: Why the fix does not apply without ``anchor`` (doctor's ``not applicable``).
     absent: str
     #: The fix's folder, as a module name (its ``__name__``).
     package: str

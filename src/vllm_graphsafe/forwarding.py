@@ -1,14 +1,6 @@
-"""Method wrappers that run on every step, forwarding with the method's own parameters.
-
-A wrapper written ``(self, *args, **kwargs)`` packs a tuple and a dictionary
-on every call and unpacks them again to call the method, which costs about
-0.4 µs per step on a small host (bench/dispatch_cost.py), a sixth of the MRV2
-per-step budget. For a method whose parameters are all named,
-:func:`publishing_method` instead generates a wrapper that declares those same
-parameters (same names, kinds and defaults) and forwards them by name, as
-``dataclasses`` generates its ``__init__``. Any other signature gets ``None``.
-The generated source is registered in :mod:`linecache`, so tracebacks through
-it show its lines.
+"""Per-step method wrappers generated with the method's own parameters, as
+``dataclasses`` generates ``__init__``: ``(self, *args, **kwargs)`` costs about
+0.4 µs per step (bench/dispatch_cost.py), a sixth of the MRV2 per-step budget.
 """
 
 from __future__ import annotations
@@ -23,10 +15,7 @@ from typing import Any
 from vllm_graphsafe.hook_points import OnFailure
 
 _PREFIX = "_graphsafe_"
-_FORWARDABLE = (
-    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    inspect.Parameter.KEYWORD_ONLY,
-)
+_FORWARDABLE = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 _SERIAL = itertools.count()
 
@@ -42,16 +31,10 @@ def publishing_method(
     withdraw: Callable[[Any], Any],
     on_failure: OnFailure = _report_nothing,
 ) -> Callable[..., Any] | None:
-    """``method`` wrapped to publish the values of ``published`` around each call.
-
-    The wrapper calls ``publish`` with the tuple of those parameters' values
-    (as the call binds them, defaults included), runs ``method``, and always
-    calls ``withdraw`` with what ``publish`` returned. Should ``publish``
-    raise, ``on_failure(error, what)`` is told and ``method`` runs unpublished
-    (unless ``on_failure`` raises). ``None`` when
-    ``method`` takes positional-only or variadic parameters, or lacks one of
-    ``published``.
-    """
+    """``method`` wrapped to ``publish`` the values of ``published`` around each
+    call (``on_failure`` told, ``method`` run unpublished, should it raise) and
+    ``withdraw`` what it returned. ``None`` for positional-only or variadic
+    parameters, or without one of ``published``."""
     try:
         parameters = list(inspect.signature(method).parameters.values())
     except (TypeError, ValueError):

@@ -1,9 +1,5 @@
-"""How a fix hooks vLLM at each of its points.
-
-:class:`WrapHook` puts a wrapt ``FunctionWrapper`` around a target, for calls
-off the per-step path; :class:`ReplaceHook` installs what a factory makes from
-the original, for the per-step path.
-"""
+"""How a fix hooks vLLM at each of its points: :class:`WrapHook` (a wrapt
+``FunctionWrapper``) off the per-step path, :class:`ReplaceHook` on it."""
 
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ Wrapper = Callable[..., Any]
 #: ``factory(original, on_failure) -> replacement`` of a :class:`ReplaceHook`.
 Factory = Callable[[Any, OnFailure], Any]
 
-#: Set on a replacement: the id of the patch that installed it.
+#: Set on a replacement: True, and what it replaced.
 REPLACEMENT_MARK = "__graphsafe_patch__"
-#: Set on a replacement: what it replaced.
 ORIGINAL_MARK = "__graphsafe_original__"
 
 
@@ -32,8 +27,6 @@ def is_hooked(value: Any) -> bool:
 
 
 def original_of(value: Any) -> Any:
-    """What vLLM had where ``value``, a hook, was installed (``value`` itself
-    where it is not a hook)."""
     while is_hooked(value):
         if isinstance(value, wrapt.FunctionWrapper):
             value = value.__wrapped__
@@ -43,8 +36,8 @@ def original_of(value: Any) -> Any:
 
 
 def unhooked(cls: type) -> type:
-    """``cls`` as vLLM defines it: a subclass with every hook a patch put on
-    it or its bases replaced by what it replaced (``cls`` where there is none)."""
+    """``cls`` as vLLM defines it: a subclass with every hook on it or its bases
+    replaced by what it replaced (``cls`` where there is none)."""
     originals = {
         name: original_of(value)
         for klass in reversed(cls.__mro__)
@@ -68,8 +61,6 @@ class _Located:
 
 @dataclass(frozen=True)
 class WrapHook(_Located):
-    """``qualname`` in ``module`` wrapped by a wrapt ``FunctionWrapper``."""
-
     wrapper: Wrapper
 
     def install(self, owner: Any, attribute: str, on_failure: OnFailure) -> Any:
@@ -79,13 +70,9 @@ class WrapHook(_Located):
 
 @dataclass(frozen=True)
 class ReplaceHook(_Located):
-    """``qualname`` in ``module`` replaced by ``factory(original, on_failure)``.
-
-    The factory runs before anything is replaced, so a factory that raises
-    (``TypeError`` for a signature it does not support) leaves ``owner``
-    untouched. A replacement is never stacked on one a patch installed (a
-    subclass inherits its base's, for instance).
-    """
+    """The factory runs before anything is replaced, so one that raises (a
+    signature it does not support) leaves ``owner`` untouched. A replacement is
+    never stacked on another patch's (a subclass inherits its base's)."""
 
     factory: Factory
 

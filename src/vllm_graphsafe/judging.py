@@ -1,15 +1,8 @@
 """A fix's judge: from vLLM's source to its :class:`Verdict`.
 
-Each fix declares, in its folder's ``judge`` module, one :class:`FixJudge`:
-its behaviour cases (run on the code compiled from the source), what reading
-the code finds where the cases cannot run, what its hooks need to know of the
-layout, where they bind, and what they read. :func:`judge` is a pure function
-of the source (not applicable where the code the fix is about is absent); the
-verdict it returns is all the hooks are given.
-
-:class:`SetsAttribute` and :class:`TakesParameters` (and any
-:class:`Requirement`) name what a hook reads, checked in the source here
-before anything binds.
+Each fix's ``judge`` module declares one :class:`FixJudge`; :func:`judge` is a
+pure function of the source, and the verdict it returns is all the hooks are
+given.
 """
 
 from __future__ import annotations
@@ -53,11 +46,6 @@ class Point(NamedTuple):
         return f"{self.module}.{self.qualname}"
 
 
-class Settled(NamedTuple):
-    state: PatchState
-    reason: str
-
-
 class Verdict(NamedTuple):
     """What vLLM's source decides about one fix, whatever the settings."""
 
@@ -66,8 +54,7 @@ class Verdict(NamedTuple):
     native: str | None = None
     #: Why a hook point or something a hook reads is missing (None: all there).
     missing: str | None = None
-    #: How ``native`` (or its absence) was decided: the code run on the fix's
-    #: cases, or read. None where the anchor module is absent.
+    #: How ``native`` (or its absence) was decided; None without the anchor.
     evidence: Evidence | None = None
     #: Where the hooks bind, in this vLLM's layout.
     points: tuple[Point, ...] = ()
@@ -80,20 +67,18 @@ class Verdict(NamedTuple):
     def hook_modules(self) -> tuple[str, ...]:
         return tuple(sorted({point.module for point in self.points}))
 
-    def settle(self, disabled: bool = False) -> Settled:
-        """The fix's state on this vLLM, switched off or not."""
+    def settle(self, disabled: bool = False) -> tuple[PatchState, str]:
+        """The fix's state on this vLLM, and why."""
         if not self.anchor_exists:
-            return Settled(PatchState.NOT_APPLICABLE, self.absent)
+            return PatchState.NOT_APPLICABLE, self.absent
         if self.native is not None:
             # A fix vLLM has natively stays native when disabled.
-            return Settled(PatchState.NATIVE, self.native)
+            return PatchState.NATIVE, self.native
         if disabled:
-            return Settled(PatchState.DISABLED, f"disabled by {DISABLE_ENV}")
+            return PatchState.DISABLED, f"disabled by {DISABLE_ENV}"
         if self.missing is not None:
-            return Settled(PatchState.FAILED, self.missing)
-        return Settled(
-            PatchState.APPLIED, f"hooks {', '.join(self.hook_modules)} when imported"
-        )
+            return PatchState.FAILED, self.missing
+        return PatchState.APPLIED, f"hooks {', '.join(self.hook_modules)} when imported"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,7 +90,6 @@ class Verdict(NamedTuple):
 
     @classmethod
     def from_json(cls, data: Any) -> Verdict | None:
-        """The verdict in ``data``, or None where any field is not as written."""
         if not isinstance(data, dict) or set(data) != set(cls._fields):
             return None
         written = data["evidence"]
@@ -179,8 +163,8 @@ class TakesParameters(NamedTuple):
 
 
 class Requirement(Protocol):
-    """What a hook reads (:class:`SetsAttribute`, :class:`TakesParameters` or
-    any other), checked in source: one sentence naming what is missing, or None."""
+    """What a hook reads, checked in source before anything binds: one
+    sentence naming what is missing, or None."""
 
     def missing(self, sources: SourceReader) -> str | None: ...
 
@@ -194,11 +178,9 @@ class FixJudge(NamedTuple):
 
     #: What a native verdict says the code does (before its evidence).
     native_summary: str
-    #: The fix's cases run on the code compiled from the source (never
-    #: imported); None where they cannot tell.
+    #: The fix's cases run on code compiled from the source; None: cannot tell.
     behaviour: Callable[[SourceReader], Evidence | None]
-    #: Reading the code: why this vLLM has the fix natively (None: no fix
-    #: found). The fallback where its behaviour cannot be run.
+    #: The fallback, reading the code: why this vLLM has the fix (None: not).
     native_reason: Callable[[SourceReader], str | None]
     #: Where the hooks bind, given the layout.
     points: Callable[[Layout], list[Point]]
@@ -206,17 +188,15 @@ class FixJudge(NamedTuple):
     layout: Callable[[SourceReader], dict[str, Any]] = lambda sources: {}
     #: What the hooks read of vLLM's objects, given the layout.
     reads: Callable[[Layout], list[Requirement]] = lambda layout: []
-    #: The cases run on the imported vLLM's own classes (without this
-    #: package's hooks); None where the fix has none.
+    #: The cases run on the imported vLLM's own (unhooked) classes, if any.
     live: Callable[[], Evidence | None] | None = None
-    #: What a process that imports the anchor runs to confirm a native
-    #: verdict (None: :attr:`live`).
+    #: Run to confirm a native verdict where the anchor is imported (None: live).
     confirm: Callable[[], Evidence | None] | None = None
     #: The modules :attr:`live` needs imported (None: the anchor alone).
     live_modules: Callable[[Verdict | None], list[str]] | None = None
 
     def judge(self, sources: SourceReader, absent: str) -> Verdict:
-        """Everything ``sources`` decides about the fix, whose anchor exists."""
+        """The verdict where the fix's anchor exists."""
         evidence = self.native_evidence(sources)
         layout = self.layout(sources)
         points = tuple(self.points(layout))
@@ -271,14 +251,12 @@ class FixJudge(NamedTuple):
 
 
 def imported_class(module: str, name: str) -> type | None:
-    """``module.name`` as vLLM defines it (without this package's hooks),
-    where ``module`` is imported; None otherwise."""
+    """``module.name`` unhooked, where ``module`` is imported."""
     found = getattr(sys.modules.get(module), name, None)
     return unhooked(found) if isinstance(found, type) else None
 
 
 def fix_judge(fix: Fix) -> FixJudge:
-    """The fix's judge (its folder's ``judge`` module's ``JUDGE``)."""
     return cast(FixJudge, importlib.import_module(f"{fix.package}.judge").JUDGE)
 
 

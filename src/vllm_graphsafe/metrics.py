@@ -1,10 +1,7 @@
-"""The plugin's decisions and patch states on vLLM's own ``/metrics``.
-
-How the records reach the API server's ``/metrics``, with one API server or
-several, is in docs/architecture.md ("How the counts reach /metrics"). Nothing
-is read on the step path: the records are summed at scrape time. Should
-anything in the multi-process hook fail, vLLM's own metrics are served as
-before, without the plugin's, after one warning.
+"""The plugin's decisions and patch states on vLLM's own ``/metrics``, summed
+from the records at scrape time (docs/architecture.md, "How the counts reach
+/metrics"). Should the multi-process hook fail, vLLM's own metrics are served
+as before, after one warning.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ DECISIONS = "graphsafe_dispatch_decisions"
 
 
 def decisions_help() -> str:
-    """The decisions metric's help: every decision event the fixes declare."""
     return (
         "Dispatch decisions the vllm-graphsafe patches made, summed over vLLM's "
         f"engine-core and worker processes (decision: {', '.join(decision_events())})."
@@ -53,9 +49,6 @@ EXAMPLE_ALERT = f"""\
 """
 
 logger = logging.getLogger(vllm_layout.LOGGER)
-
-#: Tries at removing the directory at exit, 0.1 s apart.
-REMOVAL_ATTEMPTS = 20
 
 _warned = False
 
@@ -81,7 +74,7 @@ def remove_directory(directory: Path, owner_pid: int) -> None:
     # records into it: remove what they add until the directory itself is gone.
     if os.getpid() != owner_pid:
         return
-    for _ in range(REMOVAL_ATTEMPTS):
+    for _ in range(20):  # 2 s at most
         shutil.rmtree(directory, ignore_errors=True)
         if not os.path.lexists(directory):
             return
@@ -103,9 +96,7 @@ def register_collector(directory: Path) -> bool:
 
 def serve_with_multiprocess_collector(directory: Path) -> bool:
     """Have every ``MultiProcessCollector`` here also yield the plugin's families.
-
-    Idempotent. Never raises: where prometheus_client is absent nothing is
-    done; any other error is one warning, and the collector is left as it was.
+    Idempotent; never raises (an error is one warning, the collector left as is).
     """
     try:
         from prometheus_client import multiprocess

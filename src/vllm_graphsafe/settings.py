@@ -1,8 +1,7 @@
 """Operator switches. Environment variables, so that they reach every vLLM process.
 
-The names sit outside vLLM's ``VLLM_`` prefix, which vLLM reserves for its own
-variables (it warns about unknown ones). The first names, ``VLLM_GRAPHSAFE_*``,
-are still honoured and reported as deprecated.
+Outside vLLM's ``VLLM_`` prefix, whose unknown names vLLM warns about; the first
+names, ``VLLM_GRAPHSAFE_*``, are still honoured and reported as deprecated.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ STATS_DIR_ENV = "GRAPHSAFE_STATS_DIR"
 EMULATE_ENV = "GRAPHSAFE_EMULATE_GRAPH_HAZARD"
 #: Where each fix's verdict on the installed vLLM is kept between processes.
 CACHE_DIR_ENV = "GRAPHSAFE_CACHE_DIR"
-#: Set by the plugin in the API server process, for the engine processes it starts:
-#: the private directory where every process leaves its counts for ``/metrics``.
+#: Set by the plugin in the API server, for the engine processes it starts: the
+#: private directory where every process leaves its counts for ``/metrics``.
 METRICS_DIR_ENV = "GRAPHSAFE_METRICS_DIR"
 
 #: Every operator switch, with its deprecated first name.
@@ -70,16 +69,9 @@ def _boolean(name: str, raw: str | None, problems: list[str]) -> bool:
 
 
 def read_settings(
-    environ: Mapping[str, str] | None = None,
-    *,
-    patch_ids: list[str] | None = None,
+    environ: Mapping[str, str] | None = None, *, patch_ids: list[str] | None = None
 ) -> Settings:
-    """The switches in ``environ`` (default: this process's environment).
-
-    ``patch_ids`` are the ids ``GRAPHSAFE_DISABLE`` may name; ids it names
-    outside them are problems. Without them the ids are not checked: this
-    module knows no fix list (``Registry.read_settings`` checks against its own).
-    """
+    """``GRAPHSAFE_DISABLE``'s ids are checked against ``patch_ids`` where given."""
     env = os.environ if environ is None else environ
     problems: list[str] = []
     deprecated: list[str] = []
@@ -120,19 +112,10 @@ def read_settings(
 def ray_copy_prefixes(
     environ: Mapping[str, str], vllm_variables: Container[str]
 ) -> str | None:
-    """The value of vLLM's extra prefixes to copy to its Ray actors, with
-    ``GRAPHSAFE_`` added; None to leave the environment as it is.
-
-    vLLM copies to the Ray actors it starts (the legacy Ray executor's workers,
-    the data-parallel engine actors) only the variables with its own prefixes
-    and those of ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``. The operator's
-    prefixes stay as written; ``GRAPHSAFE_`` is added at the end unless one of
-    them already covers it. Added whether or not a ``GRAPHSAFE_*`` variable is
-    set: vLLM copies only the variables that are, and it hashes this variable
-    into its torch.compile cache key, which then does not change with the
-    settings. None where this vLLM does not know the variable
-    (``vllm_variables``): it would copy nothing more, and warn about it.
-    """
+    """vLLM's prefixes to copy to its Ray actors with ``GRAPHSAFE_`` added unless
+    covered; None to leave them (or where this vLLM does not know the variable).
+    Added even with no ``GRAPHSAFE_*`` set: vLLM hashes the variable into its
+    torch.compile cache key, which then does not change with the settings."""
     if RAY_EXTRA_ENV_PREFIXES not in vllm_variables:
         return None
     current = environ.get(RAY_EXTRA_ENV_PREFIXES, "")
@@ -143,8 +126,7 @@ def ray_copy_prefixes(
 
 
 def emulate_graph_hazard(environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return (env.get(EMULATE_ENV) or "").strip().lower() in TRUE_VALUES
+    return read_settings(environ).emulate_graph_hazard
 
 
 def deprecation_sentences(settings: Settings) -> list[str]:
@@ -160,7 +142,6 @@ _warned = False
 
 
 def warn_once(logger: logging.Logger, settings: Settings) -> None:
-    """Log each settings problem and deprecated name once in this process."""
     global _warned
     if _warned:
         return

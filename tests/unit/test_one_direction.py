@@ -25,7 +25,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "vllm_layout",
             "settings",
             "releases",
-            "source_files",
             "private_files",
             "exit_statuses",
             "recognition",

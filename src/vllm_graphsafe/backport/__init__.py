@@ -1,11 +1,5 @@
 """The plugin's fixes as in-place edits to a vLLM source tree, for maintainers.
 
-For each fix, :func:`backport` says where the tree stands (:class:`Status`;
-each state is explained in docs/carrying-in-a-fork.md). Native is judged by
-the fix's cases run on the tree's code (:mod:`vllm_graphsafe.behaviour`); ours
-is told by the record the edit keeps beside its tests (:mod:`.record`), found
-by our own lines (:mod:`.ours`), and ``both`` by judging the tree with our
-edit taken out. :func:`drop` takes our edits out exactly.
 Nothing is written here; :mod:`.output` renders diffs, patch files and writes.
 """
 
@@ -64,23 +58,18 @@ class Outcome:
     #: How native was judged: of the tree as it is, or (ours, both, target
     #: gone) of the tree with our edit taken out.
     evidence: Evidence | None = None
-    #: Hunks of our edit that are no longer as written (ours, changed).
     changed: list[Changed] = field(default_factory=list)
-    #: Places of our edit the tree no longer has (target gone).
     gone: list[Gone] = field(default_factory=list)
-    #: Our record of the edit, where the tree carries it.
     record: EditRecord | None = None
 
     @property
     def files(self) -> list[str]:
-        """Source files the edit changes (planned) or changed (recorded)."""
         if self.plan is not None:
             return sorted(self.plan.texts)
         return sorted(self.record.files) if self.record else []
 
     @property
     def tests(self) -> list[str]:
-        """Test files the edit writes (planned) or wrote (recorded)."""
         if self.plan is not None:
             return sorted(self.plan.tests)
         if self.record is None:
@@ -90,8 +79,6 @@ class Outcome:
 
 @dataclass
 class Backport:
-    """The decision for each requested fix, and the tree's files after the edits."""
-
     root: Path
     outcomes: list[Outcome]
     #: relpath -> text after every bindable fix (source files, written tests
@@ -106,12 +93,10 @@ class Backport:
 
 
 class NotAVllmTreeError(ValueError):
-    """DIR does not hold a ``vllm/`` package."""
+    pass
 
 
 class ConflictError(ValueError):
-    """Files of the tree hold unresolved merge conflicts."""
-
     def __init__(self, files: list[str]) -> None:
         super().__init__(
             f"conflict markers in {', '.join(files)}; resolve them and run "
@@ -121,7 +106,7 @@ class ConflictError(ValueError):
 
 
 class OverlaySourceReader(SourceReader):
-    """A tree's source as it would read with ``edited`` (relpath -> text) written."""
+    """A tree's source as it would read with ``edited`` written."""
 
     def __init__(self, root: Path, edited: dict[str, str]) -> None:
         super().__init__(root=root)
@@ -135,8 +120,7 @@ class OverlaySourceReader(SourceReader):
 
 
 class Judged(NamedTuple):
-    """A fix judged on a tree: the state the plugin would reach there (the
-    fix enabled), why, and how native or needed was found."""
+    """The state the plugin would reach on a tree (the fix enabled), and why."""
 
     state: PatchState
     reason: str
@@ -158,18 +142,15 @@ def detect(root: Path, edited: dict[str, str] | None = None) -> dict[str, Judged
 
 
 def judge_one(root: Path, fix_id: str, edited: dict[str, str] | None = None) -> Judged:
-    """One fix judged on the tree (as if ``edited`` were written)."""
     return _judged(judge(fixes.get(fix_id), OverlaySourceReader(root, edited or {})))
 
 
 def planner(fix_id: str) -> ModuleType:
-    """The fix's backport planner (its folder's ``backport`` module: ``plan``)."""
     return importlib.import_module(f"{fixes.get(fix_id).package}.backport")
 
 
 def conflicted_files(root: Path) -> list[str]:
-    """The source files the fixes read or edit, and the files our edits wrote,
-    that hold git's conflict markers."""
+    """The files the fixes read, edit or wrote that hold git's conflict markers."""
     scanned = [
         *(root / "vllm" / "v1" / "worker").rglob("*.py"),
         *(root / "tests" / "v1" / "worker").glob("*graphsafe_backport_*"),
@@ -193,9 +174,8 @@ def read_record(root: Path, fix_id: str) -> EditRecord | None:
 
 
 def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
-    """Where the tree at ``root`` stands for each requested fix (all by
-    default), and the edit of each fix it needs. Raises ``ConflictError``
-    where files it reads hold unresolved merge conflicts."""
+    """Where the tree stands for each requested fix (all by default), and the
+    edit of each fix it needs."""
     if not (root / "vllm" / "__init__.py").is_file():
         raise NotAVllmTreeError(
             f"{root} does not hold a vllm/ package (no {root / 'vllm' / '__init__.py'})"
@@ -213,17 +193,15 @@ def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
             outcomes.append(_carried(root, fix_id, record, records))
             continue
         patch = judge_one(root, fix_id)
-        if patch.state is PatchState.NATIVE:
-            outcomes.append(
-                Outcome(fix_id, Status.NATIVE, patch.reason, evidence=patch.evidence)
-            )
-            continue
         if patch.state is PatchState.NOT_APPLICABLE:
             outcomes.append(Outcome(fix_id, Status.NOT_APPLICABLE, patch.reason))
             continue
-        planned = _plan_one(tree, fix_id)
-        planned.evidence = patch.evidence
-        outcomes.append(planned)
+        if patch.state is PatchState.NATIVE:
+            outcome = Outcome(fix_id, Status.NATIVE, patch.reason)
+        else:
+            outcome = _plan_one(tree, fix_id)
+        outcome.evidence = patch.evidence
+        outcomes.append(outcome)
     # Each planned record names its files as the whole write leaves them (a
     # later fix may edit the same file), for git's three-way merge to start from.
     for outcome in outcomes:
@@ -236,7 +214,6 @@ def backport(root: Path, fix_ids: list[str] | None = None) -> Backport:
 
 
 def _later(fix_id: str, records: dict[str, EditRecord | None]) -> list[EditRecord]:
-    """The records of the edits made after ``fix_id``'s, in the order made."""
     order = fixes.fix_ids()
     return [
         record
@@ -271,28 +248,23 @@ def without_ours(
     return beneath, [r.fix_id for r in later if set(r.files) & set(record.files)]
 
 
-def _found(judged: Judged) -> str:
-    """The state of a fix on a tree without our edit, and how it was found."""
-    if judged.state is PatchState.NOT_APPLICABLE:
-        return Status.NOT_APPLICABLE.value
-    return judged.finding() or Status.NEEDED.value
-
-
 def _gone_reason(gone: list[Gone], left: list[str], without: Judged) -> str:
     files = [g.what for g in gone if g.what == g.relpath]
     places = [g.what for g in gone if g.what != g.relpath and g.relpath not in files]
+    if without.state is PatchState.NOT_APPLICABLE:
+        found = Status.NOT_APPLICABLE.value
+    else:
+        found = without.finding() or Status.NEEDED.value
     return (
         f"the tree no longer has {' nor '.join(dict.fromkeys(files + places))}, "
         f"where our edit was; left of ours: {', '.join(left)}; the tree without "
-        f"them: {_found(without)}; drop what is left (--drop)"
+        f"them: {found}; drop what is left (--drop)"
     )
 
 
 def _carried(
     root: Path, fix_id: str, record: EditRecord, records: dict[str, EditRecord | None]
 ) -> Outcome:
-    """A fix whose edit the tree carries: as written, changed, beside native,
-    or with its place gone."""
     later = _later(fix_id, records)
     current = {p: read_exact(root / p) for p in _files_of([record, *later])}
     reversal, _ = without_ours(record, later, current)
@@ -304,49 +276,32 @@ def _carried(
         patch = judge_one(root, fix_id)
         where = ", ".join(dict.fromkeys(c.relpath for c in changed))
         gone = ", ".join(dict.fromkeys(g.what for g in reversal.gone))
-        return Outcome(
-            fix_id,
-            Status.OURS_CHANGED,
-            f"our edit was changed in {where}"
-            + (f"; the tree no longer has {gone}" if gone else ""),
-            evidence=patch.evidence,
-            changed=changed,
-            gone=reversal.gone,
-            record=record,
-        )
-    without = {
-        relpath: text
-        for relpath, text in {**current, **reversal.texts}.items()
-        if text is not None
-    }
-    patch = judge_one(root, fix_id, without)
-    if reversal.gone:
-        left = [
-            relpath
-            for relpath, text in reversal.texts.items()
-            if text != current.get(relpath)
-        ] + [*sorted(record.tests), record_path(fix_id)]
-        return Outcome(
-            fix_id,
-            Status.TARGET_GONE,
-            _gone_reason(reversal.gone, left, patch),
-            evidence=patch.evidence,
-            gone=reversal.gone,
-            record=record,
-        )
-    if patch.state is PatchState.NATIVE:
-        return Outcome(
-            fix_id,
-            Status.BOTH,
-            "the tree fixes it without our edit: drop ours (--drop)",
-            evidence=patch.evidence,
-            record=record,
-        )
+        status, reason = Status.OURS_CHANGED, f"our edit was changed in {where}"
+        if gone:
+            reason += f"; the tree no longer has {gone}"
+    else:
+        without = {
+            p: t for p, t in {**current, **reversal.texts}.items() if t is not None
+        }
+        patch = judge_one(root, fix_id, without)
+        if reversal.gone:
+            left = [p for p, t in reversal.texts.items() if t != current.get(p)]
+            left += [*sorted(record.tests), record_path(fix_id)]
+            status = Status.TARGET_GONE
+            reason = _gone_reason(reversal.gone, left, patch)
+        elif patch.state is PatchState.NATIVE:
+            status = Status.BOTH
+            reason = "the tree fixes it without our edit: drop ours (--drop)"
+        else:
+            status = Status.OURS
+            reason = "our edit, as written; the tree still needs it"
     return Outcome(
         fix_id,
-        Status.OURS,
-        "our edit, as written; the tree still needs it",
+        status,
+        reason,
         evidence=patch.evidence,
+        changed=changed,
+        gone=reversal.gone,
         record=record,
     )
 
@@ -378,8 +333,8 @@ def _plan_one(tree: Tree, fix_id: str) -> Outcome:
 
 
 def keep_line_endings(original: str | None, edited: str) -> str:
-    """``edited`` with the lines an edit added ending as ``original``'s do
-    (a file written with CR LF keeps CR LF)."""
+    """``edited`` with the lines an edit added ending in CR LF where all of
+    ``original``'s do."""
     if original is None or "\r\n" not in original:
         return edited
     if original.count("\r\n") != original.count("\n"):
@@ -388,13 +343,11 @@ def keep_line_endings(original: str | None, edited: str) -> str:
 
 
 def _directories_to_create(tree: Tree, relpaths: list[str]) -> list[str]:
-    """The parent directories of ``relpaths`` that neither the tree nor an
-    earlier edit has, deepest first."""
+    """The parents of ``relpaths`` that neither the tree nor an earlier edit
+    has, deepest first."""
     wanted: set[str] = set()
     for relpath in relpaths:
-        for parent in Path(relpath).parents:
-            if str(parent) in (".", ""):
-                continue
+        for parent in Path(relpath).parents[:-1]:  # all but "."
             on_disk = (tree.root / parent).is_dir()
             by_edit = any(p.startswith(f"{parent}/") for p in tree.edited)
             if not on_disk and not by_edit:
@@ -416,27 +369,21 @@ class Dropping:
     entangled: list[str] = field(default_factory=list)
 
 
-#: States in which the tree carries something of ours that --drop takes out.
-DROPPABLE = frozenset(
-    {Status.OURS, Status.BOTH, Status.OURS_CHANGED, Status.TARGET_GONE}
-)
-
-
 def drop(root: Path, fix_ids: list[str] | None = None, force: bool = False) -> Dropping:
-    """Our edits of the requested fixes taken out, with their tests and records
+    """Our edits of the requested fixes taken out, their tests and records
     deleted. Where a hunk changed since it was written, nothing of that fix
-    is dropped (its outcome says ``ours, changed``), unless ``force``: then
-    the hunks still as written go and the changed ones stay."""
+    is dropped unless ``force``: then the changed hunks stay."""
     result = backport(root, fix_ids)
     dropping = Dropping(result.outcomes)
     records = {fix: read_record(root, fix) for fix in fixes.fix_ids()}
     repository = git.Repository.of(root)
     texts: dict[str, str | None] = {}
+    droppable = {Status.OURS, Status.BOTH, Status.TARGET_GONE}
+    if force:
+        droppable.add(Status.OURS_CHANGED)
     for outcome in reversed(result.outcomes):
         record = outcome.record
-        if record is None or outcome.status not in DROPPABLE:
-            continue
-        if outcome.status is Status.OURS_CHANGED and not force:
+        if record is None or outcome.status not in droppable:
             continue
         later = _later(record.fix_id, records)
         files = _files_of([record, *later])

@@ -1,14 +1,5 @@
-"""git's three-way merge, for taking our edit out of a file in a git repository.
-
-``git merge-file CURRENT WRITTEN WITHOUT`` merges the change from the file as
-our write left it (WRITTEN) to the same file without our edit (WITHOUT) into
-the file as it is now: what ``git revert`` of our write does, file by file,
-through whatever upstream merged since. The file as written is read from the
-tree's repository by its blob id (it is there once the write was committed).
-Where git is not installed, the tree is not a repository, the blob is not in
-it, or the merge conflicts, each function answers None and the caller takes
-the hunks out itself.
-"""
+"""git's three-way merge, to take our edit out of a file as ``git revert`` of our
+write would, through whatever upstream merged since; None where git cannot."""
 
 from __future__ import annotations
 
@@ -37,8 +28,6 @@ def _git(args: list[str], cwd: Path | None = None) -> bytes | None:
 
 
 class Repository:
-    """The git repository holding a tree, read for blobs by id."""
-
     def __init__(self, root: Path) -> None:
         self.root = root
         self._blobs: dict[str, str | None] = {}
@@ -50,7 +39,6 @@ class Repository:
         return cls(root) if inside is not None and inside.strip() == b"true" else None
 
     def blob(self, blob_id: str) -> str | None:
-        """The text of blob ``blob_id``; None where the repository lacks it."""
         if blob_id not in self._blobs:
             data = _git(["cat-file", "blob", blob_id], cwd=self.root)
             try:
@@ -61,8 +49,7 @@ class Repository:
 
 
 def merge_file(current: str, base: str, other: str) -> str | None:
-    """``current`` with the change from ``base`` to ``other`` merged in by
-    git's three-way merge; None where it conflicts or git cannot run."""
+    """``current`` with the change from ``base`` to ``other`` merged in."""
     with tempfile.TemporaryDirectory(prefix="graphsafe-merge-") as scratch:
         paths = []
         for name, text in (("current", current), ("base", base), ("other", other)):

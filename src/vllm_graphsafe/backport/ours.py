@@ -1,19 +1,7 @@
 """Our edit found in a tree by our own lines, and taken out again.
 
-A hunk of our edit is where its lines are, in one piece, exactly as written;
-upstream's lines around it may have moved, changed or gone, as they do under
-``git merge``. Where our lines recur, the place whose neighbours agree most
-with the record's hint, then the one nearest to where the hunk was written,
-is ours. A hunk not found is *changed* (its lines, or some of them, are still
-there: a merge or a person changed our edit) or *gone* (the function or class
-it sat in, or its whole file, is no longer in the tree, and none of our lines
-with it: upstream removed our edit's place).
-
-Taking a hunk out puts back the lines it replaced. Where the tree is a git
-repository that holds the file as our write left it, git's three-way merge
-(:mod:`.git`) takes our edit out of the file instead, the way ``git revert``
-would; where that merge conflicts (upstream changed lines touching ours, and
-the merge was resolved by hand) the hunks are taken out one by one.
+A hunk is where its lines are, in one piece, exactly as written; upstream's
+lines around it may have moved, changed or gone, as under ``git merge``.
 """
 
 from __future__ import annotations
@@ -63,7 +51,7 @@ def _blank(line: str) -> bool:
 def _forms(hunk: Hunk) -> Iterator[list[str]]:
     """Our lines, and for an insertion the same lines with their blank first
     or last lines on the other side: a merge may align those blank lines with
-    upstream's next to them."""
+    upstream's."""
     ours = lines_of(hunk.after)
     yield ours
     if hunk.before or not ours:
@@ -93,7 +81,8 @@ def _agreement(lines: list[str], start: int, end: int, hunk: Hunk) -> int:
 
 
 def locate(lines: list[str], hunks: tuple[Hunk, ...]) -> list[tuple[int, int] | None]:
-    """Where each hunk's lines are in ``lines`` (``[start, end)``), or None."""
+    """Where each hunk's lines are: where they recur, the place whose neighbours
+    agree most with the hint, then the one nearest to where it was written."""
     starts: dict[str, list[int]] = {}
     for number, line in enumerate(lines):
         starts.setdefault(line, []).append(number)
@@ -130,7 +119,6 @@ def locate(lines: list[str], hunks: tuple[Hunk, ...]) -> list[tuple[int, int] | 
 def _put_back(
     lines: list[str], hunks: tuple[Hunk, ...], spots: list[tuple[int, int] | None]
 ) -> str:
-    """``lines`` with each found hunk's lines replaced by what they replaced."""
     out = list(lines)
     placed = [
         (spot, hunk)
@@ -157,7 +145,7 @@ def _after_hint(lines: list[str], hunk: Hunk) -> int:
 
 
 def _where_ours_were(lines: list[str], ours: list[str], hunk: Hunk) -> tuple[int, int]:
-    """The lines of the file that best match ours: ``[start, end)``."""
+    """The lines of the file that best match ours."""
     run = difflib.SequenceMatcher(None, lines, ours, autojunk=False).find_longest_match(
         0, len(lines), 0, len(ours)
     )
@@ -167,13 +155,8 @@ def _where_ours_were(lines: list[str], ours: list[str], hunk: Hunk) -> tuple[int
     near = run.a - run.b
     first = max(near - len(ours), 0)
     window = lines[first : near + 2 * len(ours)]
-    blocks = [
-        b
-        for b in difflib.SequenceMatcher(
-            None, window, ours, autojunk=False
-        ).get_matching_blocks()
-        if b.size
-    ]
+    matcher = difflib.SequenceMatcher(None, window, ours, autojunk=False)
+    blocks = [b for b in matcher.get_matching_blocks() if b.size]
     start = first + blocks[0].a - blocks[0].b
     end = first + blocks[-1].a + len(ours) - blocks[-1].b
     return max(start, 0), min(end, len(lines))
@@ -185,8 +168,8 @@ ALIKE = 0.6
 
 
 def _missing(relpath: str, text: str, hunk: Hunk) -> Changed | Gone:
-    """Why a hunk was not found: our lines changed (shown), or the function
-    or class they were in is gone, and nothing like them is left."""
+    """Why a hunk was not found: our lines changed (shown), or their function
+    or class is gone, and nothing like them is left."""
     lines = lines_of(text)
     ours = lines_of(hunk.after) or lines_of(hunk.above + hunk.below)
     start, end = _where_ours_were(lines, ours, hunk)
@@ -198,17 +181,10 @@ def _missing(relpath: str, text: str, hunk: Hunk) -> Changed | Gone:
             return Gone(relpath, f"{hunk.scope} in {relpath}")
     if alike < ALIKE and not _agreement(lines, start, end, hunk):
         have = []  # nothing like our lines, nor their neighbours: taken out
-    return Changed(
-        relpath,
-        "".join(
-            difflib.unified_diff(
-                ours,
-                have,
-                fromfile=f"{relpath} (as written)",
-                tofile=f"{relpath} (now)",
-            )
-        ),
+    diff = difflib.unified_diff(
+        ours, have, fromfile=f"{relpath} (as written)", tofile=f"{relpath} (now)"
     )
+    return Changed(relpath, "".join(diff))
 
 
 def _taken_out(
@@ -229,7 +205,7 @@ def _taken_out(
 
 
 def _three_way(text: str, edit: FileEdit, repository: git.Repository) -> str | None:
-    """``text`` with our edit taken out by git's three-way merge, from the file
+    """``text`` with our edit taken out by git's three-way merge from the file
     as the write left it; None where git cannot (no such blob, a conflict)."""
     assert edit.written_blob is not None
     written = repository.blob(edit.written_blob)
@@ -248,7 +224,7 @@ def reverse(
     repository: git.Repository | None = None,
 ) -> Reversal:
     """Each recorded file with every hunk of ours found taken out, and the
-    hunks not found: changed, or gone with their place."""
+    hunks not found."""
     reversal = Reversal({}, [], [])
     for relpath, edit in record.files.items():
         text = current.get(relpath)
@@ -263,7 +239,6 @@ def reverse(
 
 
 def tests_changed(record: EditRecord, current: Mapping[str, str | None]) -> list[str]:
-    """The written test files that are gone or no longer as written."""
     return [
         relpath
         for relpath, sha in record.tests.items()

@@ -21,8 +21,7 @@ _NO_NEWLINE = "\\ No newline at end of file\n"
 
 
 def file_diff(relpath: str, old: str | None, new: str | None) -> str:
-    """A git-style unified diff of one file, with ``a/`` and ``b/`` paths
-    (``old`` None: a new file; ``new`` None: a deleted one)."""
+    """A git-style diff of one file (``old`` None: new; ``new`` None: deleted)."""
     header = f"diff --git a/{relpath} b/{relpath}\n"
     if new is None:
         header += "deleted file mode 100644\n"
@@ -52,37 +51,26 @@ def tree_diff(before: Mapping[str, str | None], after: Mapping[str, str | None])
 
 
 def combined_diff(root: Path, after: Mapping[str, str | None]) -> str:
-    """The changes ``after``, against the tree at ``root`` as it is on disk."""
     return tree_diff({path: read_exact(root / path) for path in after}, after)
 
 
 class WriteError(OSError):
-    """A file of the tree could not be written; nothing was left changed."""
+    """A file of the tree could not be written; nothing was changed."""
 
 
 def _inside(root: Path, path: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
+    return path.resolve().is_relative_to(root.resolve())
 
 
 def _target(root: Path, relpath: str) -> Path:
-    """Where ``relpath`` is written: through a link only where it stays in
-    the tree (the link is kept); ``WriteError`` where it leaves it."""
+    """Where ``relpath`` is written: through a link (kept) only where it stays
+    in the tree."""
     path = root / relpath
     if not _inside(root, path.parent) or (
         path.is_symlink() and not _inside(root, path)
     ):
         raise WriteError(f"{relpath} leads out of {root} through a symbolic link")
     return path.resolve() if path.is_symlink() else path
-
-
-def _read_only(path: Path) -> bool:
-    """Whether the file may not be written: for this user, or by its own mode
-    (a file with no write bit, which an administrator could still write)."""
-    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
 
 
 def _refusals(root: Path, changes: Mapping[str, str | None]) -> list[str]:
@@ -95,7 +83,10 @@ def _refusals(root: Path, changes: Mapping[str, str | None]) -> list[str]:
             refused.append(str(error))
             continue
         if path.exists():
-            if _read_only(path) or not os.access(path.parent, os.W_OK):
+            # A file with no write bit is refused even where this user (an
+            # administrator) could still write it.
+            writable = os.access(path, os.W_OK) and path.stat().st_mode & 0o222
+            if not writable or not os.access(path.parent, os.W_OK):
                 refused.append(f"{relpath} is read-only")
         elif changes[relpath] is not None:
             existing = next((p for p in path.parents if p.exists()), None)
@@ -107,18 +98,12 @@ def _refusals(root: Path, changes: Mapping[str, str | None]) -> list[str]:
     return refused
 
 
-def _write_exact(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-
-
 def apply_changes(
     root: Path, changes: Mapping[str, str | None], directories: Iterable[str] = ()
 ) -> list[str]:
-    """Write (or, for None, delete) every changed file, all or none: a file
-    that cannot be written refuses the whole change before anything is
-    touched, and a failure midway restores what was done. Each written file
-    keeps its mode; ``directories`` left empty afterwards are removed."""
+    """Write (or, for None, delete) every changed file, all or none: a failure
+    midway restores what was done. Each written file keeps its mode;
+    ``directories`` left empty afterwards are removed."""
     refused = _refusals(root, changes)
     if refused:
         raise WriteError("; ".join(refused))
@@ -135,7 +120,7 @@ def apply_changes(
             target.parent.mkdir(parents=True, exist_ok=True)
             made_dirs += missing
             temporary = target.with_name(f".{target.name}.graphsafe-tmp")
-            _write_exact(temporary, text)
+            temporary.write_text(text, encoding="utf-8", newline="")
             if target.exists():
                 os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
             staged.append((temporary, target, original))
@@ -158,7 +143,7 @@ def apply_changes(
             if before is None:
                 destination.unlink(missing_ok=True)
             else:
-                _write_exact(destination, before)
+                destination.write_text(before, encoding="utf-8", newline="")
         _discard(staged)
         raise WriteError(f"cannot write into {root}: {error}") from error
     for directory in directories:
@@ -210,7 +195,6 @@ def commit_message(outcome: Outcome, version: str) -> str:
 
 
 def format_patch(result: Backport, outdir: Path, version: str) -> list[Path]:
-    """One ``git am``-able mbox file per needed fix, in edit order."""
     needed = result.needed()
     outdir.mkdir(parents=True, exist_ok=True)
     written = []

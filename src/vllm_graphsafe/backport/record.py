@@ -1,19 +1,7 @@
 """The record of one fix's edit, kept in the tree beside the tests it wrote.
 
-``--write`` keeps, per fix, in ``tests/v1/worker/graphsafe_backport_<fix>.json``:
-every hunk of every source file it changed (our lines, the lines they
-replaced, where they were written and the function or class they sit in), the
-git blob id of each of those files as the write left it, and the digest of
-each test file it wrote. :mod:`.ours` finds our edit again from it, by our own
-lines, and takes it out.
-
-Upstream's lines beside a hunk are kept only as a hint (``above``,
-``below``): they choose between places where our lines recur, and are never
-required, since a merge moves and changes them.
-
-Records of format 1 (vllm-graphsafe before its record held hunks: regions of
-changed lines with three lines of context each) are read as hunks: each run of
-our lines in a region is one hunk, and the context its hint.
+Upstream's lines beside a hunk are only a hint (``above``, ``below``) to choose
+between places where our lines recur, since a merge moves and changes them.
 """
 
 from __future__ import annotations
@@ -38,7 +26,6 @@ _BLOB_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 def record_path(fix_id: str) -> str:
-    """Where a fix's record lives in the tree, beside its written tests."""
     return f"tests/v1/worker/graphsafe_backport_{fix_id.replace('-', '_')}.json"
 
 
@@ -63,7 +50,6 @@ class Hunk(NamedTuple):
 
 class FileEdit(NamedTuple):
     hunks: tuple[Hunk, ...]
-    #: Whether the edit created the file (rather than changed it).
     created: bool = False
     #: git's blob id of the file as the write left it (every fix's edit in).
     written_blob: str | None = None
@@ -72,9 +58,8 @@ class FileEdit(NamedTuple):
 @dataclass
 class EditRecord:
     fix_id: str
-    #: relpath -> our hunks in that source file, top to bottom.
     files: dict[str, FileEdit] = field(default_factory=dict)
-    #: relpath -> SHA-256 of a test file the edit wrote (new files).
+    #: relpath -> SHA-256 of a test file the edit wrote.
     tests: dict[str, str] = field(default_factory=dict)
     #: Directories the edit created for its tests, deepest first.
     directories: list[str] = field(default_factory=list)
@@ -160,9 +145,7 @@ def _file_edit(data: Any, _created: object) -> FileEdit | None:
         return None
     blob = data.get("written_blob")
     hunks = [_hunk(h) for h in data["hunks"]]
-    if blob is not None and not _BLOB_ID.fullmatch(str(blob)):
-        return None
-    if None in hunks:
+    if None in hunks or (blob is not None and not _BLOB_ID.fullmatch(str(blob))):
         return None
     return FileEdit(
         tuple(h for h in hunks if h is not None), bool(data.get("created")), blob
@@ -239,20 +222,16 @@ def definitions(text: str) -> list[tuple[int, int, str]] | None:
 
 
 def _scope(
-    spans: list[tuple[int, int, str]] | None, known: set[str], first: int, last: int
+    spans: list[tuple[int, int, str]] | None, known: set[str], start: int, end: int
 ) -> str | None:
-    """The innermost function or class of the original file around lines
-    ``first``..``last`` (1-based) of the edited one."""
+    """The innermost function or class of the original file around the hunk at
+    ``[start, end)`` of the edited one (one with no lines: around the lines on
+    each side of it)."""
     if spans is None:
         return None
+    first, last = (start + 1, end) if end > start else (max(start, 1), start + 1)
     around = [s for s in spans if s[0] <= first and last <= s[1] and s[2] in known]
     return max(around, key=lambda s: s[0])[2] if around else ""
-
-
-def _span(start: int, end: int) -> tuple[int, int]:
-    """The 1-based lines a hunk at ``[start, end)`` must be inside of: its own
-    lines, or for one with none, the lines on each side of it."""
-    return (start + 1, end) if end > start else (max(start, 1), start + 1)
 
 
 def _slid(new: list[str], start: int, end: int, low: int, high: int) -> int:
@@ -279,7 +258,6 @@ def _slid(new: list[str], start: int, end: int, low: int, high: int) -> int:
 
 
 def hunks_between(original: str, edited: str) -> tuple[Hunk, ...]:
-    """Each run of changed lines from ``original`` to ``edited``."""
     old, new = lines_of(original), lines_of(edited)
     spans = definitions(edited)
     known = {name for _, _, name in definitions(original) or []}
@@ -300,7 +278,7 @@ def hunks_between(original: str, edited: str) -> tuple[Hunk, ...]:
                 after="".join(new[j1:j2]),
                 above="".join(new[max(j1 - HINT, 0) : j1]),
                 below="".join(new[j2 : j2 + HINT]),
-                scope=_scope(spans, known, *_span(j1, j2)),
+                scope=_scope(spans, known, j1, j2),
             )
         )
     return tuple(hunks)
@@ -312,8 +290,8 @@ def record_of(
     edited: Mapping[str, str],
     tests: Mapping[str, str],
 ) -> EditRecord:
-    """The record of a fix's edit: ``originals`` (relpath -> text before, None
-    for a new file) to ``edited`` (source files), plus the ``tests`` written."""
+    """The record of a fix's edit from ``originals`` (None: a new file) to
+    ``edited``, with the ``tests`` it wrote."""
     record = EditRecord(fix_id)
     for relpath, text in edited.items():
         before = originals.get(relpath)
@@ -325,8 +303,6 @@ def record_of(
 
 
 def with_written_blobs(record: EditRecord, written: Mapping[str, str]) -> EditRecord:
-    """``record`` naming, for each of its files, the blob of the file as the
-    whole write left it (``written``: relpath -> text)."""
     record.files = {
         relpath: edit._replace(written_blob=blob_id(written[relpath]))
         for relpath, edit in record.files.items()

@@ -1,15 +1,8 @@
 """``backport --verify``: run the tests the backport wrote into a tree.
 
-Each fix's written tests run against the tree (first on ``PYTHONPATH``, the
-plugin disabled, the tree's own pytest configuration and conftest files left
-out, so that only the written tests decide) with a chosen interpreter. Where
-the tree has no written tests for a fix the backport would edit, the tests it
-would write are run from a scratch folder: they fail until ``--write``.
-
-Each fix gets one line: the counts when the tests ran; when they did not, or
-failed, the first error pytest printed (a missing module, an import error, a
-collection error, the first failed assertion) and the command that reruns
-them by hand.
+They run with the tree first on ``PYTHONPATH``, the plugin disabled and the
+tree's own pytest configuration and conftest files left out, so that only the
+written tests decide.
 """
 
 from __future__ import annotations
@@ -28,10 +21,6 @@ from vllm_graphsafe.backport import Backport, Outcome, Status
 from vllm_graphsafe.tree_edits.plan import written_test_path
 
 PLUGIN_OFF = {"GRAPHSAFE_DISABLE": "all", "VLLM_GRAPHSAFE_DISABLE": "all"}
-#: pytest's statuses for "every test passed" and "tests ran and some failed";
-#: any other means they could not run (collection errors, usage, no tests).
-_PYTEST_PASSED = 0
-_PYTEST_FAILED = 1
 #: pytest's lines that quote an exception (``E   ModuleNotFoundError: ...``).
 _ERROR_LINE = re.compile(r"^E\s+(\S.*)$")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -44,18 +33,16 @@ class FixTests:
     fix_id: str
     ok: bool
     line: str
-    #: The tests' totals where they ran.
     counts: Counts | None = None
     #: Why they could not run (pytest's own first error).
     could_not_run: str | None = None
-    #: The command that runs them by hand.
     rerun: str | None = None
 
 
 @dataclass(frozen=True)
 class Counts:
-    """A junit report's totals; ``failures`` are failed tests, ``errors``
-    tests that errored in set-up or teardown."""
+    """A junit report's totals; ``errors`` are tests that errored in set-up
+    or teardown."""
 
     tests: int
     failures: int
@@ -77,9 +64,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class TestRun:
-    """What one pytest run left: its status and output, the junit report's
-    totals (None without a report) and its first failed test with the first
-    line of what failed it."""
+    """One pytest run: its status, output, and its junit report's totals and
+    first failed test (name, first line of its cause)."""
 
     returncode: int | None
     stdout: str
@@ -89,22 +75,17 @@ class TestRun:
 
 
 def verify_tree(result: Backport, python: str) -> list[FixTests]:
-    """Run each requested fix's written tests against ``result.root``, as many
-    fixes at once as there are cores (each run is its own pytest process,
-    most of it spent importing torch)."""
+    """Run each fix's written tests against the tree, as many fixes at once as
+    there are cores (each is its own pytest process, mostly importing torch)."""
     workers = max(1, min(len(result.outcomes), os.cpu_count() or 1))
+    root = result.root.resolve()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(
-            pool.map(
-                lambda outcome: _one(result.root, outcome, python), result.outcomes
-            )
-        )
+        return list(pool.map(lambda o: _one(root, o, python), result.outcomes))
 
 
 def _one(root: Path, outcome: Outcome, python: str) -> FixTests:
-    relpath = written_test_path(outcome.fix_id)
     fix_id = outcome.fix_id
-    root = root.resolve()
+    relpath = written_test_path(fix_id)
     if (root / relpath).is_file():
         return verify_written(fix_id, python, root, relpath)
     would_write = outcome.plan.tests.get(relpath) if outcome.plan else None
@@ -133,24 +114,13 @@ def verify_written(fix_id: str, python: str, root: Path, relpath: str) -> FixTes
 
 
 def pytest_arguments(test: str) -> list[str]:
-    """pytest's arguments for ``test`` (a path from the working directory):
-    no cache written into the tree, none of its conftest files or its
+    """No cache written into the tree, none of its conftest files or its
     configuration, the test's folder as the root."""
-    folder = os.path.dirname(test) or "."
-    return [
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",
-        "-c",
-        os.devnull,
-        "--rootdir",
-        folder,
-        test,
-    ]
+    no_tree_config = ["-p", "no:cacheprovider", "--noconftest", "-c", os.devnull]
+    return [*no_tree_config, "--rootdir", os.path.dirname(test) or ".", test]
 
 
 def tree_pythonpath(root: Path) -> str:
-    """The tree first, then whatever ``PYTHONPATH`` this process has."""
     return os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
@@ -168,23 +138,15 @@ def run_tests(python: str, root: Path, cwd: Path, test: str) -> TestRun:
     """Run ``test`` (relative to ``cwd``) against the tree at ``root``."""
     with tempfile.TemporaryDirectory(prefix="graphsafe-verify-report-") as folder:
         report = Path(folder) / "report.xml"
-        command = [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            f"--junitxml={report}",
-            *pytest_arguments(test),
-        ]
+        command = [python, "-m", "pytest", "-q", f"--junitxml={report}"]
         env = {**os.environ, **PLUGIN_OFF, "PYTHONPATH": tree_pythonpath(root)}
         try:
             done = subprocess.run(
-                command,
+                [*command, *pytest_arguments(test)],
                 cwd=cwd,
                 env=env,
                 capture_output=True,
                 text=True,
-                check=False,
             )
         except OSError as error:
             return TestRun(
@@ -195,9 +157,8 @@ def run_tests(python: str, root: Path, cwd: Path, test: str) -> TestRun:
 
 
 def read_report(path: Path) -> tuple[Counts | None, tuple[str, str] | None]:
-    """The totals of pytest's junit report at ``path`` and its first failed
-    or errored test (name, first line of its cause); None where there is no
-    readable report."""
+    """The totals of pytest's junit report and its first failed or errored
+    test (name, first line of its cause)."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
@@ -233,8 +194,9 @@ def first_error(output: str) -> str:
 
 def _reported(fix_id: str, run: TestRun, rerun: str, note: str) -> FixTests:
     counts = run.counts
-    if counts is not None and run.returncode in (_PYTEST_PASSED, _PYTEST_FAILED):
-        if run.returncode == _PYTEST_PASSED:
+    # pytest's 0: all passed, 1: some failed; any other: they could not run.
+    if counts is not None and run.returncode in (0, 1):
+        if run.returncode == 0:
             return FixTests(fix_id, True, counts.text(), counts, rerun=rerun)
         first = ""
         if run.first_failure is not None:
@@ -255,7 +217,6 @@ def _reported(fix_id: str, run: TestRun, rerun: str, note: str) -> FixTests:
 
 
 def _cause(run: TestRun) -> str:
-    """Why the tests could not run, from pytest's own words."""
     return (
         first_error(run.stdout)
         or (run.first_failure[1] if run.first_failure is not None else "")

@@ -1,23 +1,14 @@
 """vLLM's code compiled out of its source files, never imported.
 
-A source tree may be unbuilt (no compiled libraries) and its package
-``__init__`` files import half of vLLM, so nothing of the tree is imported:
-each function or class a judgement needs is compiled from its own statements
-(:class:`~vllm_graphsafe.sources.SourceReader` finds them), and each name it
-uses is looked up, on first use, the way its module would bind it:
-
-* a ``def`` or ``class`` of the module: compiled the same way;
-* ``from vllm... import name`` (or ``import vllm...``): followed into the
-  tree's own source;
-* the standard library, numpy and torch: imported for real;
-* a simple module-level constant: evaluated;
-* anything else (a logger made at import, an environment table, a platform
-  object, a compiled kernel): a :class:`~.stand_in.StandIn`.
-
-A class as big as a model runner is never compiled whole:
-:meth:`SourceCode.lazy_class` makes a class whose methods are compiled from the
-source (the class's own, then its bases') when first looked up, and whose
-other attributes are stand-ins unless the caller sets them.
+A source tree may be unbuilt and its package ``__init__`` files import half of
+vLLM, so each function or class a judgement needs is compiled from its own
+statements, and each name it uses is bound on first use the way its module
+would bind it: a def or class of the module is compiled the same way, a
+``vllm`` import is followed into the tree's source, the standard library,
+numpy and torch are imported, a simple constant is evaluated, and anything
+else (a logger, an environment table, a compiled kernel) is a
+:class:`~.stand_in.StandIn`. A class as big as a model runner is never
+compiled whole: each method is compiled when first looked up.
 """
 
 from __future__ import annotations
@@ -25,6 +16,7 @@ import __future__
 
 import ast
 import builtins
+import collections
 import contextlib
 import importlib
 import inspect
@@ -115,19 +107,6 @@ class _Namespace(dict[str, Any]):
         return value
 
 
-class _Locals(dict[str, Any]):
-    """Where one compiled statement binds its name; module-level code in it
-    (a class body, a default value) finds the module's other names here (the
-    interpreter asks the globals of module-level code without ``__missing__``)."""
-
-    def __init__(self, namespace: dict[str, Any]) -> None:
-        super().__init__()
-        self._namespace = namespace
-
-    def __missing__(self, name: str) -> Any:
-        return self._namespace[name]
-
-
 class TreeModule:
     """A module of the tree, as seen through ``import``: its names on use."""
 
@@ -153,12 +132,8 @@ class TreeModule:
 
 
 class SourceCode:
-    """The functions and classes of one vLLM source tree (or the installed
-    package), compiled from source on demand.
-
-    ``overrides`` replace a name wherever a module binds it (a fake for a
-    collective, say); ``package`` is the tree's top-level package.
-    """
+    """One vLLM source tree's code, compiled on demand; ``overrides`` replace
+    a name wherever a module binds it (a fake collective, say)."""
 
     def __init__(
         self,
@@ -183,8 +158,7 @@ class SourceCode:
         return module == self.package or module.startswith(self.package + ".")
 
     def module(self, module: str) -> Any:
-        """``module`` as an ``import`` binds it: the tree's own, a real one, or
-        a stand-in."""
+        """``module`` as an ``import`` binds it."""
         if self.in_tree(module):
             return TreeModule(self, module)
         top = module.partition(".")[0]
@@ -241,16 +215,16 @@ class SourceCode:
         for alias in statement.names:
             if (alias.asname or alias.name) != name:
                 continue
-            if self.in_tree(source):
-                if self.sources.top_level_binding(source, alias.name) is not None:
-                    return self.namespace(source)[alias.name]
-                if self.sources.exists(f"{source}.{alias.name}"):
-                    return TreeModule(self, f"{source}.{alias.name}")
-                return StandIn(f"{source}.{alias.name}")
-            real = self.module(source)
-            if isinstance(real, ModuleType):
-                return getattr(real, alias.name, StandIn(f"{source}.{alias.name}"))
-            return StandIn(f"{source}.{alias.name}")
+            full = f"{source}.{alias.name}"
+            if not self.in_tree(source):
+                real = self.module(source)
+                if isinstance(real, ModuleType):
+                    return getattr(real, alias.name, StandIn(full))
+            elif self.sources.top_level_binding(source, alias.name) is not None:
+                return self.namespace(source)[alias.name]
+            elif self.sources.exists(full):
+                return TreeModule(self, full)
+            return StandIn(full)
         return StandIn(f"{module}.{name}")
 
     def _absolute(self, module: str, statement: ast.ImportFrom) -> str:
@@ -284,9 +258,8 @@ class SourceCode:
     ) -> dict[str, Any]:
         """Run ``statement`` (inside a class named ``owner``, so that private
         names mangle as they do in vLLM) in ``module``'s namespace, compiled
-        from its own lines at their lines of the file, with its kept
-        decorators (a long method compiles several times faster from text
-        than from its parse)."""
+        from its own lines at their lines of the file (a long method compiles
+        several times faster from text than from its parse)."""
         lines = self.sources.lines(module)
         assert lines is not None  # the statement was parsed from them
         indent = statement.col_offset
@@ -299,18 +272,16 @@ class SourceCode:
             header = f"class {owner}:\n"
         else:  # a module-level statement inside an ``if``, ``try`` or ``with``
             header = "if True:\n" if indent else ""
-        source = "".join(
-            (
-                "\n" * (statement.lineno - 1 - len(decorators) - bool(header)),
-                header,
-                *decorators,
-                *lines[statement.lineno - 1 : statement.end_lineno],
-            )
-        )
+        padding = "\n" * (statement.lineno - 1 - len(decorators) - bool(header))
+        body = lines[statement.lineno - 1 : statement.end_lineno]
+        source = "".join([padding, header, *decorators, *body])
         identity = self.sources.identity(module)
         filename = identity[0] if identity else f"<{module}>"
         namespace = self.namespace(module)
-        local = _Locals(namespace)
+        # Where the statement binds its name; module-level code in it (a
+        # default value, a decorator) finds the module's other names through
+        # it (the interpreter asks such code's globals without ``__missing__``).
+        local = collections.ChainMap[str, Any]({}, namespace)
         try:
             code = compile(source, filename, "exec", _FLAGS, True)
             exec(code, namespace, local)
@@ -320,7 +291,7 @@ class SourceCode:
             ) from error
         if owner is not None:
             return dict(vars(local[owner]))
-        return dict(local)
+        return dict(local.maps[0])
 
     def name_or_none(self, module: str, name: str) -> Any:
         try:
@@ -329,9 +300,8 @@ class SourceCode:
             return None
 
     def method(self, module: str, owner: str, name: str) -> Any:
-        """The class attribute ``owner.name`` made by its ``def`` (a function,
-        or the staticmethod/classmethod/property its decorators make); None
-        where neither the class nor its bases (in the tree) define it."""
+        """The class attribute ``owner.name`` made by its ``def``; None where
+        neither the class nor its bases (in the tree) define it."""
         key = (module, owner, name)
         if key not in self._methods:
             self._methods[key] = self._method(module, owner, name)
@@ -340,42 +310,34 @@ class SourceCode:
     def defining_class(
         self, module: str, owner: str, name: str
     ) -> tuple[str, str] | None:
-        """Where ``owner.name`` is defined: the class itself or a base."""
         for location in self._lookup_order(module, owner):
             if self.sources.defines(location[0], f"{location[1]}.{name}"):
                 return location
         return None
 
     def _lookup_order(self, module: str, owner: str) -> Iterator[tuple[str, str]]:
-        """The class, then (only if asked for) its bases: most methods are the
-        class's own, and its bases' modules are then never read."""
+        """The class, then (only if asked for) each base the tree defines, in
+        the order Python looks methods up (depth first, each class once): most
+        methods are the class's own, and its bases' modules are then never read."""
         yield module, owner
-        yield from self.class_chain(module, owner)[1:]
+        key = (module, owner)
+        if key not in self._chains:
+            chain: list[tuple[str, str]] = []
+            self._walk_bases(module, owner, chain, 0)
+            self._chains[key] = chain
+        yield from self._chains[key][1:]
 
     def _method(self, module: str, owner: str, name: str) -> Any:
         for where, cls in self._lookup_order(module, owner):
             # A private name (``self.__x`` in class C) is looked up mangled.
-            mangled_prefix = f"_{cls.lstrip('_')}__"
-            if name.startswith(mangled_prefix):
-                written_name = name[len(mangled_prefix) - 2 :]
-            else:
-                written_name = name
-            node = self.sources.function_node(where, f"{cls}.{written_name}")
+            prefix = f"_{cls.lstrip('_')}"
+            written = name[len(prefix) :] if name.startswith(f"{prefix}__") else name
+            node = self.sources.function_node(where, f"{cls}.{written}")
             if node is not None:
                 if not _runs_as_written(node):
                     return StandIn(f"{cls}.{name}")
                 return self._compile(where, node, cls, _KEPT_DECORATORS)[name]
         return None
-
-    def class_chain(self, module: str, name: str) -> list[tuple[str, str]]:
-        """``(module, class)`` of the class and each base the tree defines, in
-        the order Python looks methods up (depth first, each class once)."""
-        key = (module, name)
-        if key not in self._chains:
-            chain: list[tuple[str, str]] = []
-            self._walk_bases(module, name, chain, 0)
-            self._chains[key] = chain
-        return self._chains[key]
 
     def _walk_bases(
         self, module: str, name: str, chain: list[tuple[str, str]], depth: int
@@ -392,8 +354,7 @@ class SourceCode:
                 self._walk_bases(*located, chain, depth + 1)
 
     def locate(self, module: str, reference: ast.expr) -> tuple[str, str] | None:
-        """The tree module and class name that ``reference`` (a base class
-        expression in ``module``) names; None outside the tree."""
+        """The tree module and class a base class expression names."""
         if isinstance(reference, ast.Name):
             return self._locate_name(module, reference.id, 0)
         if isinstance(reference, ast.Attribute) and isinstance(
@@ -422,9 +383,8 @@ class SourceCode:
         return None
 
     def lazy_class(self, module: str, name: str) -> type:
-        """A class standing for ``module.name``: each method compiled from the
-        source when first looked up; any other attribute a stand-in, unless an
-        instance sets it. Instances are made with ``object.__new__``."""
+        """A class standing for ``module.name``: each method compiled when
+        first looked up, any other attribute a stand-in unless set."""
         key = (module, name)
         if key in self._lazy_classes:
             return self._lazy_classes[key]
@@ -468,8 +428,7 @@ def _is_constant_expression(node: ast.expr) -> bool:
 
 
 def shared_code(sources: SourceReader) -> SourceCode:
-    """The code ``sources`` reads, compiled once for every fix that judges it
-    (the fixes read many of the same functions and modules)."""
+    """Compiled once for every fix: they read many of the same functions."""
     code = sources.compiled
     if not isinstance(code, SourceCode):
         code = sources.compiled = SourceCode(sources, overrides=OVERRIDES)
@@ -479,9 +438,8 @@ def shared_code(sources: SourceReader) -> SourceCode:
 def compiled_runner(
     sources: SourceReader, module: str, owner: str
 ) -> tuple[Callable[[Mapping[str, Any]], Any], Any, Any]:
-    """How a fix's cases make an ``owner`` of ``module`` compiled from
-    ``sources`` (holding the state given), and the ``CUDAGraphMode`` and
-    ``BatchDescriptor`` that module sees (None where it binds none)."""
+    """How a fix's cases make an ``owner`` of ``module`` (holding the state
+    given), and the ``CUDAGraphMode`` and ``BatchDescriptor`` it binds."""
     code = shared_code(sources)
     return (
         lambda state: code.instance(module, owner, state),
@@ -494,8 +452,7 @@ def keyword_arguments(
     function: Any, supplied: Mapping[str, Any], unsupplied: Callable[[str], Any]
 ) -> dict[str, Any]:
     """``function``'s arguments by name: the ``supplied`` ones, and
-    ``unsupplied(name)`` for any other without a default; ``CannotRun`` where
-    its signature cannot be read."""
+    ``unsupplied(name)`` for any other without a default."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError) as error:

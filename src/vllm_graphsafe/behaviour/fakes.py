@@ -1,9 +1,5 @@
-"""Fakes shared by the fixes' cases: plain records, a step's requests and
-vLLM's graph dispatcher.
-
-Each fake holds what a case sets, and a stand-in for anything else, so that
-the target's code can read a config or a flag the case does not care about.
-"""
+"""Fakes shared by the fixes' cases: each holds what a case sets, and a
+stand-in for anything else the target's code reads."""
 
 from __future__ import annotations
 
@@ -166,15 +162,12 @@ class GraphDispatcher:
 
 
 class ReachedSync(Exception):
-    """A fake collective stops the step: what this rank offers is recorded."""
-
     def __init__(self, offered: Mapping[str, Any]) -> None:
         super().__init__("reached the data-parallel sync")
         self.offered = dict(offered)
 
 
 def reached_sync(**offered: Any) -> Any:
-    """Stands for the cross-rank sync: stops the step with what it was offered."""
     raise ReachedSync(offered)
 
 

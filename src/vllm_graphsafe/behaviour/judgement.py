@@ -1,18 +1,9 @@
 """Judging a fix native by what the code does on the bug's cases.
 
-A fix declares its cases: each a fake step (the hazard and its neighbours) and
-the outcome it must get, e.g. "a fresh 5-token prompt is kept off the FULL
-decode graph" or "a pure decode batch keeps it". :func:`judge_cases` runs the
-target's own code on each and says what it found, as :class:`Evidence`:
-
-* every case right: ``native`` by behaviour;
-* a case wrong: ``needed`` by behaviour, naming the first one;
-* a case that cannot run (an unknown signature, code that needs CUDA, an
-  exception): the behaviour is not known, and the caller falls back to reading
-  the code (:func:`by_reading`), saying why.
-
-A fix that keeps prompts off the decode graph by sending every batch off it is
-not native either: the decode cases say so.
+A fix declares its cases, each a fake step and the outcome it must get.
+:func:`judge_cases` runs the target's own code on each: every case right is
+``native``, a case wrong is ``needed``, and a case that cannot run (code that
+needs CUDA, say) leaves the behaviour unknown: the caller reads the code.
 """
 
 from __future__ import annotations
@@ -33,8 +24,6 @@ class CannotRun(Exception):
 
 
 class Expect(str, enum.Enum):
-    """What a case must get."""
-
     #: The hazard: a step holding a prefill row must not replay the FULL decode graph.
     KEPT_OFF = "kept off the FULL decode graph"
     #: A genuine decode batch keeps the FULL decode graph.
@@ -75,8 +64,7 @@ class Evidence(NamedTuple):
     reading: str | None = None
     #: Reading only: whether it found the fix.
     found: bool = False
-    #: How the cases ran where that needs saying (e.g. what ran compiled from
-    #: the installed source rather than on the imported classes).
+    #: How the cases ran, where that needs saying (e.g. compiled from source).
     note: str | None = None
 
     @property
@@ -88,18 +76,16 @@ class Evidence(NamedTuple):
     def text(self) -> str:
         """E.g. ``behaviour: 14/14 cases`` or ``reading: ...; could not run: ...``."""
         if self.how == BEHAVIOUR:
-            counted = f"{self.passed}/{self.total} cases"
+            said = f"{self.passed}/{self.total} cases"
             if self.note:
-                counted += f", {self.note}"
-            if self.failed is None and self.could_not_run:
-                return f"behaviour: {counted}; could not run: {self.could_not_run}"
-            if self.failed is None:
-                return f"behaviour: {counted}"
-            return f"behaviour: {self.failed}; {counted}"
-        found = self.reading or "no fix found in the code"
+                said += f", {self.note}"
+            if self.failed is not None:
+                return f"behaviour: {self.failed}; {said}"
+        else:
+            said = self.reading or "no fix found in the code"
         if self.could_not_run:
-            return f"reading: {found}; could not run: {self.could_not_run}"
-        return f"reading: {found}"
+            said += f"; could not run: {self.could_not_run}"
+        return f"{self.how}: {said}"
 
     def finding(self) -> str:
         """``native (behaviour: 37/37 cases)``, ``needed (reading: ...)``."""
@@ -110,10 +96,7 @@ class Evidence(NamedTuple):
 
     @classmethod
     def from_json(cls, data: Any) -> Evidence | None:
-        if not isinstance(data, Mapping) or data.get("how") not in (
-            BEHAVIOUR,
-            READING,
-        ):
+        if not isinstance(data, Mapping) or data.get("how") not in (BEHAVIOUR, READING):
             return None
         values: list[Any] = [data.get(name) for name in cls._fields]
         found = cls(*values)

@@ -1,10 +1,9 @@
 """vLLM's live classes, run on fakes: the installed release's own code.
 
-:func:`live_instance` makes an object of a subclass of a live vLLM class:
-its methods are vLLM's own functions (each copied with its module's globals,
-the names in ``overrides`` replaced, so that a fake collective or recorder is
-what the code calls), the attributes in ``state`` are the fake's, and any other
-attribute is a :class:`~.stand_in.StandIn`. Nothing of vLLM is changed.
+:func:`live_instance` makes an object of a subclass of a live vLLM class whose
+methods are vLLM's own functions, each copied with its module's globals and
+the names in ``overrides`` replaced (a fake collective, say); any attribute
+not in ``state`` is a :class:`~.stand_in.StandIn`. Nothing of vLLM is changed.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ def _with_globals(
 def _rebound(
     attribute: Any, overrides: Mapping[str, Any], cache: dict[int, Any]
 ) -> Any:
-    if isinstance(attribute, staticmethod):
-        return staticmethod(_with_globals(attribute.__func__, overrides, cache))
-    if isinstance(attribute, classmethod):
-        return classmethod(_with_globals(attribute.__func__, overrides, cache))
+    if isinstance(attribute, staticmethod | classmethod):
+        return type(attribute)(_with_globals(attribute.__func__, overrides, cache))
     if isinstance(attribute, property):
         return property(
             _with_globals(attribute.fget, overrides, cache),
@@ -81,9 +78,8 @@ def live_instance(
 def live_runner(
     cls: type, overrides: Mapping[str, Any]
 ) -> tuple[Callable[[Mapping[str, Any]], Any], Any, Any]:
-    """How a fix's cases make a :func:`live_instance` of ``cls`` (holding the
-    state given), and the ``CUDAGraphMode`` and ``BatchDescriptor`` its
-    module sees (None where it binds none)."""
+    """How a fix's cases make a :func:`live_instance` of ``cls``, and the
+    ``CUDAGraphMode`` and ``BatchDescriptor`` its module binds."""
     names = vars(importlib.import_module(cls.__module__))
     return (
         lambda state: live_instance(cls, state, overrides),

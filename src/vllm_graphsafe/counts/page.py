@@ -1,19 +1,11 @@
 """A process's counters in a shared file mapping, on disk the moment they change.
 
-``<pid>.counts`` is a small file mapped ``MAP_SHARED`` beside ``<pid>.json``: a
-store into it is in the kernel's page cache at once and outlives the process,
-even the SIGKILL vLLM 0.32 sends its engine processes (docs/architecture.md,
-"How the counts reach /metrics"). Storing costs one memory write, no system call.
-
-Layout (one page, native byte order, read on the same host):
-
-- ``MAGIC``;
-- at ``LAYOUT_AT``, a 4-byte length and the JSON list of ``[patch, event]``
-  names, one per slot, which only grows;
-- at ``VALUES_AT``, one 8-byte count per slot.
-
-Where a process writes into two directories on one file system, the second
-name is a hard link to the first page: one store counts in both.
+``<pid>.counts``, mapped ``MAP_SHARED`` beside ``<pid>.json``: a store into it
+is in the kernel's page cache at once and outlives the process, even the SIGKILL
+vLLM 0.32 sends its engine processes (docs/architecture.md, "How the counts
+reach /metrics"). One page, native byte order: ``MAGIC``; at ``LAYOUT_AT`` a
+4-byte length and the JSON list of ``[patch, event]`` names, one per slot, which
+only grows; at ``VALUES_AT`` one 8-byte count per slot.
 """
 
 from __future__ import annotations
@@ -51,11 +43,7 @@ class CountsPage:
 
     @classmethod
     def create(cls, directory: Path, pid: int) -> CountsPage:
-        """Map a fresh, zeroed page at ``directory/<pid>.counts``.
-
-        A private file (see :mod:`vllm_graphsafe.private_files`): raises
-        ``OSError`` where its name is taken by a link or another user's file.
-        """
+        """Map a fresh, zeroed page at ``directory/<pid>.counts``, a private file."""
 
         def map_page(fd: int) -> mmap.mmap:
             os.ftruncate(fd, PAGE_SIZE)
@@ -78,10 +66,8 @@ class CountsPage:
         return len(names) - 1
 
     def close(self) -> None:
-        """Unmap this process's view (the file and its counts stay).
-
-        Only where no thread can be storing: a forked child's copy.
-        """
+        """Unmap this process's view, where no thread can be storing (a forked
+        child's copy); the file and its counts stay."""
         self.values.release()
         self._mapping.close()
 
@@ -90,14 +76,12 @@ def read_counts_page(path: Path) -> dict[str, dict[str, int]] | None:
     """The counts stored in the page at ``path``; None when it is absent or not one."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, PAGE_SIZE)
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    try:
-        data = os.read(fd, PAGE_SIZE)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     return parse_counts_page(data)
 
 

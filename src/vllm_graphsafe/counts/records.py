@@ -29,7 +29,7 @@ class StatsDirError(ValueError):
 
 
 class NoStatisticsYet(StatsDirError):
-    """The statistics directory does not exist: no vLLM process has written there."""
+    """The statistics directory does not exist yet."""
 
 
 def process_record(
@@ -37,7 +37,6 @@ def process_record(
     wrapped: list[str],
     counts: dict[str, dict[str, int]],
 ) -> dict[str, Any]:
-    """This process's record, with its patch states and counts."""
     name = multiprocessing.current_process().name
     return {
         "pid": os.getpid(),
@@ -53,7 +52,6 @@ def process_record(
 
 
 def write_record(directory: Path, pid: int, data: bytes) -> None:
-    """Put the encoded record at ``directory/<pid>.json``, a private file."""
     private_files.write_private_file(directory, f"{pid}{SUFFIX}", data)
 
 
@@ -84,11 +82,8 @@ def check_record(record: Any) -> str | None:
 
 
 def read_process_files(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every process's last written record, in pid order.
-
-    Raises :class:`StatsDirError` (one sentence) when the directory or one of
-    its records cannot be read.
-    """
+    """Every process's last written record, in pid order; a
+    :class:`StatsDirError` where the directory or a record cannot be read."""
     path = Path(directory)
     if not path.exists():
         raise NoStatisticsYet(
@@ -147,11 +142,8 @@ def read_records_leniently(directory: str | os.PathLike[str]) -> list[dict[str, 
 
 
 def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Sum the counters every process wrote into ``directory``; count the
-    processes in each patch state.
-
-    Raises :class:`StatsDirError` (one sentence) when it cannot be read.
-    """
+    """The counts every process wrote into ``directory``, summed, and how many
+    processes are in each patch state."""
     records = read_process_files(directory)
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     patch_states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -167,3 +159,24 @@ def read_stats_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
         "counts": {patch: dict(events) for patch, events in totals.items()},
         "directory": str(Path(directory)),
     }
+
+
+def render_stats(stats: dict[str, Any]) -> list[str]:
+    """:func:`read_stats_dir`'s answer, as lines for a terminal."""
+    if not stats["processes"]:
+        where = stats.get("directory") or "the statistics directory"
+        return [
+            f"{where} holds no vllm-graphsafe statistics: no vLLM process has "
+            "written there (is it the directory GRAPHSAFE_STATS_DIR names?)."
+        ]
+    lines = [f"patch states in {stats['processes']} vLLM process(es):"]
+    for patch_id, states in sorted(stats.get("patch_states", {}).items()):
+        detail = ", ".join(f"{state} in {n}" for state, n in sorted(states.items()))
+        lines.append(f"  {patch_id}: {detail}")
+    lines.append("dispatch decisions:")
+    for patch_id, events in sorted(stats["counts"].items()):
+        detail = ", ".join(f"{event}={n}" for event, n in sorted(events.items()))
+        lines.append(f"  {patch_id}: {detail}")
+    if not stats["counts"]:
+        lines.append("  no dispatch decisions recorded yet")
+    return lines

@@ -17,11 +17,6 @@ ROLE_MAIN = "main"
 ROLE_ENGINE_CORE = "engine_core"
 ROLE_WORKER = "worker"
 
-#: The names vLLM gives the API server processes it spawns (``ApiServer_0``...).
-SPAWNED_API_SERVER_PREFIX = "ApiServer"
-
-_DP_RANK_IN_NAME = re.compile(r"_DP(\d+)")
-
 #: vLLM's Ray actor classes (``module.Class``), by the role of the process Ray
 #: runs each in.
 RAY_ACTOR_ROLES = {
@@ -39,7 +34,6 @@ _ray_actor_role_in: tuple[int, str | None] | None = None
 
 
 def process_role(process_name: str) -> str:
-    """The vLLM role of a process, from the name vLLM gives its processes."""
     if process_name.startswith(("EngineCore", "DPEngineCore")):
         return ROLE_ENGINE_CORE
     if "Worker" in process_name:
@@ -48,19 +42,16 @@ def process_role(process_name: str) -> str:
 
 
 def current_role() -> str:
-    """The vLLM role of this process: in a Ray actor, that of the vLLM class Ray
-    runs it as (Ray names every actor process ``MainProcess``), else from its name."""
+    """In a Ray actor, the role of the vLLM class Ray runs it as (Ray names
+    every actor process ``MainProcess``), else the one its name says."""
     return ray_actor_role() or process_role(multiprocessing.current_process().name)
 
 
 def ray_actor_role() -> str | None:
-    """The role of this process if Ray runs it as one of vLLM's actor classes.
-
-    Decided once per process, at the first call: the plugin makes it while vLLM
-    sets the actor up (``init_worker`` loads the plugins), which is when Ray names
-    the task running, e.g. ``<module>.RayWorkerProc.initialize_worker``; a thread
-    the actor starts later has no task of vLLM's.
-    """
+    """Decided once per process, at the first call: the plugin makes it while
+    vLLM sets the actor up (``init_worker`` loads the plugins), when Ray names
+    the task running, e.g. ``<module>.RayWorkerProc.initialize_worker``; a
+    thread the actor starts later has no task of vLLM's."""
     global _ray_actor_role_in
     if _ray_actor_role_in is None or _ray_actor_role_in[0] != os.getpid():
         _ray_actor_role_in = (os.getpid(), _role_of_running_ray_task())
@@ -89,7 +80,6 @@ def _role_of_running_ray_task() -> str | None:
 
 
 def serves_http() -> bool:
-    """Whether this process runs vLLM's OpenAI-compatible server."""
     main = sys.modules.get("__main__")
     main_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
     return main_name in SERVER_MODULES or any(
@@ -99,26 +89,23 @@ def serves_http() -> bool:
 
 def dp_rank_of(process_name: str) -> int | None:
     """The data-parallel rank in an engine core's name (``EngineCore_DP1``)."""
-    match = _DP_RANK_IN_NAME.search(process_name)
+    match = re.search(r"_DP(\d+)", process_name)
     return int(match.group(1)) if match else None
 
 
 def is_root_process() -> bool:
-    """Whether this process creates the metrics directory: the one the operator
-    started to serve ``/metrics``, not an engine process nor an API server vLLM
-    spawned."""
+    """Whether this process creates the metrics directory: the API server the
+    operator started, not one vLLM spawned."""
     return current_role() == ROLE_API_SERVER and not is_spawned_api_server()
 
 
 def serves_vllm() -> bool:
-    """Whether this process is one of vLLM's serving processes below the root:
-    an engine core, a worker (in a Ray actor too), or an API server vLLM
-    spawned. Others that inherit the metrics directory (vLLM's model-inspection
-    subprocess, a script started from the server's environment) stay out of
-    ``/metrics``."""
+    """Whether this is one of vLLM's serving processes below the root. Others
+    that inherit the metrics directory (vLLM's model-inspection subprocess, a
+    script started from the server's environment) stay out of ``/metrics``."""
     return current_role() in (ROLE_ENGINE_CORE, ROLE_WORKER) or is_spawned_api_server()
 
 
 def is_spawned_api_server() -> bool:
-    """Whether vLLM spawned this process to serve (``--api-server-count`` above 1)."""
-    return multiprocessing.current_process().name.startswith(SPAWNED_API_SERVER_PREFIX)
+    # vLLM names the API servers it spawns (--api-server-count) ApiServer_0...
+    return multiprocessing.current_process().name.startswith("ApiServer")

@@ -1,9 +1,4 @@
-"""The thread that writes a process's record, and the last write at exit.
-
-A daemon thread writes the record within a second of a change, and once more
-when the process ends: normal exit, a multiprocessing child's return, SIGTERM
-or SIGINT, after which vLLM's own handler runs as before.
-"""
+"""The thread that writes a process's record, and the last write at exit."""
 
 from __future__ import annotations
 
@@ -27,8 +22,6 @@ WRITE_INTERVAL_S = 0.25
 #: How often it also compares the whole record (patch states change rarely).
 FULL_CHECK_INTERVAL_S = 0.5
 
-THREAD_NAME = "graphsafe-stats-writer"
-
 
 class RecordWriter:
     """Calls ``flush()`` on its own thread whenever ``total()`` has changed."""
@@ -36,7 +29,6 @@ class RecordWriter:
     def __init__(self, flush: Callable[[], None], total: Callable[[], int]) -> None:
         self._flush = flush
         self._total = total
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending_announcement: tuple[logging.Logger, str] | None = None
 
@@ -44,16 +36,13 @@ class RecordWriter:
         if self._thread is not None and self._thread.is_alive():
             return
         self._thread = threading.Thread(
-            target=self._write_loop, name=THREAD_NAME, daemon=True
+            target=self._write_loop, name="graphsafe-stats-writer", daemon=True
         )
         self._thread.start()
 
     def announce(self, target: logging.Logger, message: str) -> None:
-        """Log ``message`` at INFO now, or once vLLM has configured its logging.
-
-        vLLM's API server configures logging from its arguments after it has
-        loaded the plugins, so a line logged at load time there would be lost.
-        """
+        """Log ``message`` at INFO now, or once vLLM has configured its logging:
+        its API server does so after loading the plugins."""
         if _can_log_info(target) or self._thread is None:
             target.info("%s", message)
         else:
@@ -63,8 +52,7 @@ class RecordWriter:
         written_total = -1
         next_full_check = 0.0
         while True:
-            self._wake.wait(WRITE_INTERVAL_S)
-            self._wake.clear()
+            time.sleep(WRITE_INTERVAL_S)
             try:
                 # Counts only grow: a changed total is a changed count.
                 total = self._total()
@@ -86,7 +74,8 @@ def _can_log_info(target: logging.Logger) -> bool:
 
 
 def install_exit_hooks(flush: Callable[[], None]) -> None:
-    """Call ``flush`` when this process ends, however vLLM ends it."""
+    """Call ``flush`` when this process ends: normal exit, a multiprocessing
+    child's return, SIGTERM or SIGINT (vLLM's own handler runs after it)."""
     atexit.register(flush)
     # vLLM's engine core and workers are multiprocessing children, which end
     # with os._exit: atexit never runs there, multiprocessing's finalizers do.
@@ -97,11 +86,8 @@ def install_exit_hooks(flush: Callable[[], None]) -> None:
 
 
 def chain_signal_handler(signum: int, before: Callable[[], None]) -> None:
-    """Run ``before`` on ``signum``, then whatever handled it until now.
-
-    vLLM's handler (or Python's default) is called exactly as it would have
-    been; a default action is re-delivered with the default disposition.
-    """
+    """Run ``before`` on ``signum``, then whatever handled it until now (a
+    default action is re-delivered with the default disposition)."""
     previous = signal.getsignal(signum)
     if previous is None:  # installed outside Python: leave it alone
         return

@@ -4,9 +4,8 @@ With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD=1``, each vLLM process that runs a V1
 model runner corrupts the answers of every step a GPU would replay through the
 FULL decode graph over prefill metadata (docs/emulator.md). It observes the
 decision that really reaches the dispatcher and knows nothing of this
-project's fixes (nor they of it). vLLM loads it as a general plugin of its own
-(:mod:`vllm_graphsafe.emulator_plugin`), which imports it only where the switch
-is set; never set it on a server that answers real users.
+project's fixes (nor they of it). Never set it on a server that answers real
+users.
 """
 
 from __future__ import annotations
@@ -35,13 +34,11 @@ _bound = False
 def install() -> None:
     """Bind to the V1 runner now if imported, else when it is. Idempotent."""
     global _installed
-    from vllm_graphsafe.emulator.v1_runner import RUNNER_MODULE
-
     with _lock:
         if _installed:
             return
         _installed = True
-    wrapt.register_post_import_hook(_bind, RUNNER_MODULE)
+    wrapt.register_post_import_hook(_bind, vllm_layout.V1_RUNNER)
 
 
 def installed() -> bool:
@@ -54,8 +51,7 @@ def _bind(module: ModuleType) -> None:
     from vllm_graphsafe.emulator.v1_runner import BindError, V1RunnerEmulator
 
     mode = physical.mode()
-    problem = physical.mode_problem()
-    if problem:
+    if problem := physical.mode_problem():
         _logger().error("vllm-graphsafe: %s", problem)
     try:
         V1RunnerEmulator(STATE, mode).bind(module)

@@ -4,10 +4,7 @@ The prompt is the smallest case of the bug at this server's scale: "Reply with
 OK." through the chat template, padded with space tokens (in front of its last
 four ids) to one block plus K+1 tokens. Sent twice, the second time the block
 comes from the prefix cache and only the last K+1 tokens are scheduled: the
-shape of a uniform speculative decode. Call :func:`show` with the base URLs of
-an emulating server with the plugin disabled and one with it enabled (or call
-:func:`boundary_answer` on one server before and after a restart, then
-:func:`render`).
+shape of a uniform speculative decode.
 """
 
 from __future__ import annotations
@@ -111,18 +108,9 @@ def show(
     num_speculative_tokens: int = 3,
 ) -> bool:
     """Print the before/after lines; True when before is garbage and after clean."""
-    before, after = (
-        boundary_answer(
-            url,
-            label,
-            block_size=block_size,
-            num_speculative_tokens=num_speculative_tokens,
-        )
-        for url, label in (
-            (disabled_url, "plugin disabled"),
-            (enabled_url, "plugin enabled "),
-        )
-    )
+    shape = {"block_size": block_size, "num_speculative_tokens": num_speculative_tokens}
+    before = boundary_answer(disabled_url, "plugin disabled", **shape)
+    after = boundary_answer(enabled_url, "plugin enabled ", **shape)
     for line in render(before, after):
         print(line)
     return before.garbage and not after.garbage

@@ -22,11 +22,8 @@ HAZARD_LOG_LENGTH = 1000
 
 
 def dispatched_uniform_decode(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-    """The ``uniform_decode`` argument of ``CudagraphDispatcher.dispatch``.
-
-    ``dispatch(self, num_tokens, uniform_decode=False, ...)``; ``args``
-    excludes ``self``, so a positional ``uniform_decode`` is ``args[1]``.
-    """
+    """The ``uniform_decode`` argument of ``CudagraphDispatcher.dispatch(self,
+    num_tokens, uniform_decode=False, ...)``; ``args`` excludes ``self``."""
     if "uniform_decode" in kwargs:
         return bool(kwargs["uniform_decode"])
     return bool(args[1]) if len(args) > 1 else False
@@ -39,13 +36,12 @@ def builder_prefill_rows(
 ) -> tuple[str, ...]:
     """The scheduled requests a hybrid model's metadata builders run as prefills.
 
-    From the scheduler's output alone, as vLLM's linear-attention builders
-    classify rows: a row is a decode when it schedules exactly one token plus
-    the drafts the scheduler handed it (placeholder drafts included: the
-    scheduler pads a prompt tail that way to keep the decode graph), or one
-    token over prior state (the last token of a chunked prompt, or a plain
-    decode); anything else (a first prompt chunk, a prompt chunk of K+1
-    tokens, output tokens re-computed after preemption) is a prefill.
+    As vLLM's linear-attention builders classify rows: a decode schedules
+    exactly one token plus the drafts the scheduler handed it (placeholder
+    drafts included: the scheduler pads a prompt tail that way to keep the
+    decode graph), or one token over prior state (the last token of a chunked
+    prompt, or a plain decode); anything else (a first prompt chunk, a prompt
+    chunk of K+1 tokens, outputs re-computed after preemption) is a prefill.
     """
     prefills = []
     for req_id, width in num_scheduled_tokens.items():
@@ -59,9 +55,7 @@ def builder_prefill_rows(
 
 
 def step_prefill_rows(scheduler_output: Any) -> tuple[str, ...]:
-    """:func:`builder_prefill_rows` of one step's scheduler output, with each
-    request's computed token count before the step as the scheduler states it
-    (new requests and cached ones)."""
+    """:func:`builder_prefill_rows` of one step's scheduler output."""
     computed = {
         new.req_id: int(new.num_computed_tokens)
         for new in scheduler_output.scheduled_new_reqs
@@ -88,8 +82,7 @@ class HazardStep:
 
 @dataclass
 class StepObservation:
-    """What one real step handed to the dispatcher (the last call wins), and
-    whether its FULL decode graph replayed."""
+    """What one real step handed to the dispatcher (the last call wins)."""
 
     scheduled: tuple[str, ...]
     prefill_rows: tuple[str, ...] = ()
@@ -113,11 +106,9 @@ def corrupted_tokens(
     poisoned: Iterable[str],
     corrupt_id: int,
 ) -> list[list[int]] | None:
-    """``sampled_token_ids`` with every poisoned row's ids replaced, or None.
-
-    Rows keep their length, so the scheduler's accounting of accepted tokens
-    is unchanged; None when no row of this output is poisoned.
-    """
+    """``sampled_token_ids`` with every poisoned row's ids replaced (rows keep
+    their length, so the scheduler's accounting of accepted tokens is
+    unchanged), or None when no row of this output is poisoned."""
     hit = set(poisoned)
     if not hit.intersection(req_ids):
         return None

@@ -1,12 +1,9 @@
-"""The emulator's physical mode: a hazardous step's linear-attention metadata
-is built as the captured FULL decode graph would have it.
+"""The emulator's physical mode (docs/emulator.md, "Physical mode").
 
-With ``GRAPHSAFE_EMULATE_GRAPH_HAZARD_MODE=physical`` nothing replaces sampled
-ids; vLLM's gated delta-net metadata builder is handed what the graph's replay
-assumes (every row a decode, and the state slots the last pure decode step
-staged), so vLLM's own kernels corrupt the recurrent state (docs/emulator.md,
-"Physical mode"). Pure functions here; :mod:`vllm_graphsafe.emulator.v1_runner`
-binds them.
+Nothing replaces sampled ids: a hazardous step's gated delta-net metadata is
+built as the captured FULL decode graph's replay assumes it (every row a
+decode, and the state slots the last pure decode step staged), so vLLM's own
+kernels corrupt the recurrent state.
 """
 
 from __future__ import annotations
@@ -46,9 +43,9 @@ def mode_problem(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 class StagedBuffers:
-    """What a builder's persistent FULL-graph buffers hold: the last pure decode
-    step's state slots and accepted counts (vLLM's CPU build stages nothing,
-    having no graphs, so the emulator keeps its own copy)."""
+    """A builder's persistent FULL-graph buffers: the last pure decode step's
+    state slots and accepted counts (vLLM's CPU build, having no graphs,
+    stages nothing, so the emulator keeps its own copy)."""
 
     def __init__(self) -> None:
         self.slots: Any = None  # (rows, K+1) or (rows,) int tensor
@@ -96,17 +93,11 @@ def decode_draft_counts(query_start_loc_cpu: Any) -> Any:
 
 def _staged(buffer: Any, values: Any, fill: int = NULL_SLOT) -> Any:
     """``buffer`` with its first rows overwritten by ``values`` (grown if needed)."""
-    import torch
-
     values = values.detach().to("cpu").clone()
     if buffer is None or buffer.shape[1:] != values.shape[1:]:
         return values
     if buffer.shape[0] < values.shape[0]:
-        grown = torch.full(
-            (values.shape[0], *buffer.shape[1:]), fill, dtype=buffer.dtype
-        )
-        grown[: buffer.shape[0]] = buffer
-        buffer = grown
+        buffer = _rows(buffer, values.shape[0], fill)
     buffer[: values.shape[0]] = values
     return buffer
 

@@ -87,8 +87,7 @@ class FullDecodeGraph:
         self.flag = flags[0]
 
     def _run_forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapper's runnable: the runner's forward (what runs when the
-        wrapper does not replay)."""
+        """The wrapper's runnable: what runs when it does not replay."""
         return self.forward(*args, **kwargs)
 
     def __call__(

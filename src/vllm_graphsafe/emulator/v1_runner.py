@@ -1,20 +1,19 @@
 """Binds the graph-hazard emulator to vLLM's V1 model runner (and its CPU subclass).
 
-The wrappers, installed when ``vllm.v1.worker.gpu_model_runner`` is imported
-(so only in the processes that run a model), as docs/emulator.md describes:
+Installed when the runner's module is imported (so only in the processes that
+run a model):
 
-- ``GPUModelRunner.execute_model`` opens and closes a step when it schedules
-  tokens (the only dummy run inside it is for an empty step: capture,
-  profiling and warm-up dummy runs happen outside it), and forgets finished
-  requests;
+- ``execute_model`` opens and closes a step when it schedules tokens (the only
+  dummy run inside it is for an empty step: capture, profiling and warm-up
+  dummy runs happen outside it), and forgets finished requests;
 - ``CudagraphDispatcher.dispatch``, on the runner's own dispatcher inside an
   open step, records the ``uniform_decode`` it is handed (after any hook on
   ``_is_uniform_decode``);
-- ``GPUModelRunner._model_forward`` runs a step dispatched as uniform decode
-  through a FULL decode graph (:mod:`vllm_graphsafe.emulator.replay`);
-- the ``ModelRunnerOutput`` of ``execute_model`` / ``sample_tokens`` gets the
-  first id past the vocabulary for each poisoned request; the runner's own
-  token state is left alone, so the engine keeps running;
+- ``_model_forward`` runs a step dispatched as uniform decode through a FULL
+  decode graph (:mod:`vllm_graphsafe.emulator.replay`);
+- the ``ModelRunnerOutput`` gets the first id past the vocabulary for each
+  poisoned request; the runner's own token state is left alone, so the engine
+  keeps running;
 - in the physical mode, ``GDNAttentionMetadataBuilder.build`` keeps each
   step's builds and the buffers a decode step stages, and no id is replaced.
 """
@@ -39,9 +38,6 @@ from vllm_graphsafe.emulator.hazard import (
 )
 from vllm_graphsafe.emulator.replay import FullDecodeGraph
 
-RUNNER_MODULE = vllm_layout.V1_RUNNER
-DISPATCHER_MODULE = vllm_layout.CUDAGRAPH_DISPATCHER
-RUNNER_CLASS = "GPUModelRunner"
 DISPATCHER_CLASS = "CudagraphDispatcher"
 
 
@@ -70,16 +66,17 @@ class V1RunnerEmulator:
         self._gdn_build: Any = None
 
     def bind(self, runner_module: ModuleType) -> None:
-        runner_class = getattr(runner_module, RUNNER_CLASS, None)
-        dispatcher_module = importlib.import_module(DISPATCHER_MODULE)
+        runner_class = getattr(runner_module, vllm_layout.V1_RUNNER_CLASS, None)
+        dispatcher_module = importlib.import_module(vllm_layout.CUDAGRAPH_DISPATCHER)
         dispatcher_class = getattr(dispatcher_module, DISPATCHER_CLASS, None)
+        runner_name = f"{vllm_layout.V1_RUNNER}.{vllm_layout.V1_RUNNER_CLASS}"
         missing = [
-            f"{RUNNER_MODULE}.{RUNNER_CLASS}.{method}"
+            f"{runner_name}.{method}"
             for method in ("execute_model", "_model_forward")
             if not hasattr(runner_class, method)
         ]
         if not hasattr(dispatcher_class, "dispatch"):
-            missing.append(f"{DISPATCHER_MODULE}.{DISPATCHER_CLASS}.dispatch")
+            missing.append(f"{dispatcher_module.__name__}.{DISPATCHER_CLASS}.dispatch")
         if missing:
             raise BindError(f"this vLLM has no {', '.join(missing)}")
         wrapt.wrap_function_wrapper(runner_class, "execute_model", self._on_execute)
@@ -175,8 +172,8 @@ class V1RunnerEmulator:
             context.attn_metadata = real
 
     def _replayed_metadata(self, per_layer: Any) -> Any:
-        """The step's metadata with each linear-attention group's as the
-        captured decode graph reads it."""
+        """The step's metadata, each linear-attention group's as the captured
+        decode graph reads it."""
         if not isinstance(per_layer, dict):
             return per_layer
         replayed: dict[int, Any] = {}

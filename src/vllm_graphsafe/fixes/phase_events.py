@@ -1,9 +1,5 @@
-"""The decisions the phase-aware dispatch fixes count (V1 and Model Runner V2).
-
-Shared by ``v1_phase_dispatch`` and ``mrv2_phase_dispatch``: both make vLLM's
-shape rule phase-aware and count the same four outcomes, so ``/metrics`` and
-the statistics files read the same for either runner.
-"""
+"""The decisions both phase-aware dispatch fixes count (V1 and Model Runner V2),
+so ``/metrics`` and the statistics files read the same for either runner."""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
 """Is each scheduled row a decode? The phase half of uniform *decode*.
 
-The stock rule looks at the batch's shape only: every request schedules the
-same number of tokens. A prompt chunk of exactly ``1 + num_speculative_tokens``
-tokens has that shape too. The phase rule adds the missing half.
-
-Model Runner V2 asks whether a scheduled request is still in its prompt
-(:class:`PrefillColumns`). The V1 runner's attention metadata builders
-classify rows differently, and the V1 rule follows them
-(:func:`rows_are_speculative_decodes`, :func:`rows_have_prior_state`): a row
-resumed after preemption re-prefills output tokens past its prompt without
-drafts (a prefill to the builders), and the scheduler pads a request with all
-but its last prompt token computed to ``1 + K`` tokens with placeholder drafts
-(a decode to the builders). A runner that holds no builders' counts (one
-built for a test with its input batch alone) is read by prompt length and
-each row's drafts instead (:func:`rows_past_prompt_with_drafts`).
-
-These run on every step. What each keeps from one step to the next is there
-because ``docs/benchmarks.md`` ("What the per-step code keeps") measured it at
-more than a tenth of its hook's own per-step cost; the comment beside each says
-how much.
+Run on every step. What each keeps between steps, ``docs/benchmarks.md`` ("What
+the per-step code keeps") measured at more than a tenth of its hook's cost.
 """
 
 from __future__ import annotations
@@ -31,19 +14,13 @@ import numpy as np
 
 
 class PrefillColumns:
-    """A request-state table's computed-prefill and prefill-length columns,
-    for Model Runner V2's per-step question: is a scheduled request still in
-    prefill?
-
-    The answer is read through the scheduled request ids (each one's row in
-    ``row_of``), but only where some row of the table is in prefill at all:
-    in steady decoding no row is.
-    """
+    """A request-state table's computed-prefill and prefill-length columns.
+    The scheduled ids are looked up only where some row is in prefill at all:
+    in steady decoding none is."""
 
     __slots__ = ("_computed", "_prefill_len", "_same_layout")
 
     def __init__(self, computed: np.ndarray, prefill_len: np.ndarray) -> None:
-        """Two columns of one shape (``ValueError`` otherwise)."""
         if computed.shape != prefill_len.shape:
             raise ValueError(
                 f"columns of {computed.shape} and {prefill_len.shape} rows"
@@ -58,9 +35,8 @@ class PrefillColumns:
     def scheduled_in_prefill(
         self, row_of: Mapping[Any, int], scheduled: Collection[Any]
     ) -> bool:
-        """Whether a request of ``scheduled`` has a row still in prefill (as
-        the columns are now). A scheduled request without a row raises
-        ``KeyError`` wherever the table has a row in prefill."""
+        """Whether a request of ``scheduled`` is still in prefill (``KeyError``
+        for one without a row, wherever some row is in prefill)."""
         computed, prefill_len = self._computed, self._prefill_len
         # A decoding row has computed exactly its prefill, so in steady
         # decoding the two columns hold the same bytes: comparing them first
@@ -68,9 +44,7 @@ class PrefillColumns:
         if self._same_layout and computed.tobytes() == prefill_len.tobytes():
             return False
         in_prefill = computed < prefill_len
-        if not np.count_nonzero(in_prefill):
-            return False
-        if not scheduled:
+        if not scheduled or not np.count_nonzero(in_prefill):
             return False
         # The ids' rows looked up in C, one call for all of them, and turned
         # into an index array of known length: a Python loop would add about a
@@ -85,20 +59,10 @@ class PrefillColumns:
 def rows_are_speculative_decodes(
     decode_draft_counts: np.ndarray, num_rows: int, num_drafts: int
 ) -> bool:
-    """Whether each of the first ``num_rows`` rows is a decode of ``num_drafts``.
-
-    ``decode_draft_counts`` is the V1 runner's per-row column for its
-    attention metadata builders: a row's draft count where it schedules
-    exactly one token plus its drafts, negative for a prefill chunk (a prompt
-    chunk, or output tokens re-computed after preemption, which carry no
-    drafts).
-
-    Per step this compares the rows' bytes with those of ``num_drafts``
-    repeated (an integer column has one byte pattern per value). The view of
-    the rows and that pattern are kept, and made again only when the column,
-    the row count or the value changes: making them each step would cost more
-    than the whole hook does now (docs/benchmarks.md).
-    """
+    """Whether each of the first ``num_rows`` V1 builders' draft counts
+    (negative for a prefill chunk) is ``num_drafts``, by their bytes. The view
+    and the expected bytes are kept: making them each step would cost more
+    than the whole hook does (docs/benchmarks.md)."""
     column, rows, value, view, expected = _last_uniform_check[0]
     if column is not decode_draft_counts or rows != num_rows or value != num_drafts:
         check = _uniform_check(decode_draft_counts, num_rows, num_drafts)
@@ -121,7 +85,6 @@ _last_uniform_check: list[UniformCheck] = [(None, -1, 0, None, None)]
 
 
 def _uniform_check(column: Any, num_rows: int, value: int) -> UniformCheck:
-    """What :func:`rows_are_speculative_decodes` keeps for these three."""
     view = column[:num_rows]
     if len(view) != num_rows:
         return (column, num_rows, value, None, None)
@@ -166,15 +129,9 @@ def rows_past_prompt_with_drafts(
     num_rows: int,
     num_drafts: int,
 ) -> bool:
-    """With speculation, where the runner holds no builders' draft counts (a
-    runner built with its input batch alone, as upstream's tests build it):
-    whether each of the first ``num_rows`` rows had computed its whole prompt
-    and, where the batch lists each row's drafts this step
-    (``scheduled_drafts``), was handed ``num_drafts`` of them.
-
-    Stricter than the builders, never looser: a prompt tail padded with
-    placeholder drafts is a decode to them and a prefill here.
-    """
+    """On a runner without the builders' draft counts (upstream's tests): each
+    row past its prompt and handed ``num_drafts`` where drafts are listed.
+    Stricter than the builders: a padded prompt tail is a prefill here."""
     computed_rows, prompt_rows = computed[:num_rows], prompt[:num_rows]
     if len(computed_rows) != num_rows or len(prompt_rows) != num_rows:
         return False

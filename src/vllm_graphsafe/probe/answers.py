@@ -31,14 +31,10 @@ def error_detail(body: bytes) -> str:
         payload = None
     if isinstance(payload, dict):
         error = payload.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            text = error["message"]
-        elif isinstance(error, str):
-            text = error
-        elif isinstance(payload.get("message"), str):
-            text = payload["message"]
-        elif isinstance(payload.get("detail"), str):
-            text = payload["detail"]
+        if isinstance(error, dict):
+            error = error.get("message")
+        said = (error, payload.get("message"), payload.get("detail"))
+        text = next((words for words in said if isinstance(words, str)), text)
     text = " ".join(text.split())
     if len(text) > ERROR_DETAIL_CHARS:
         text = text[: ERROR_DETAIL_CHARS - 3] + "..."

@@ -1,15 +1,6 @@
-"""The probe's checks: small pure functions of the answers it collected.
-
-``vocab``           no generated token id is outside the model's vocabulary;
-``repetition``      no degenerate run at the end unless the controls show one too;
-``cold_warm``       the same prompt answers identically cold and from prefix cache;
-``controls``        a boundary prompt answers in the same kind as its controls;
-``concurrent``      prompts sent together answer as they do alone;
-``ongoing_decode``  a long greedy decode is unchanged by boundary prompts inserted
-                    while it runs.
-
-A check that could not run (``SKIP``) says why in its detail; a probe holding one
-never passes (:func:`not_run_sentences`).
+"""The probe's checks (docs/operations.md describes each): small pure functions of
+the answers it collected. A check that could not run (``SKIP``) says why in its
+detail; a probe holding one never passes.
 """
 
 from __future__ import annotations
@@ -67,9 +58,7 @@ class CheckResult:
 
 
 def out_of_vocab_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
-    return [
-        token_id for token_id in token_ids if token_id < 0 or token_id >= vocab_size
-    ]
+    return [token_id for token_id in token_ids if not 0 <= token_id < vocab_size]
 
 
 def trailing_run(items: Sequence[Any]) -> tuple[Any, int]:
@@ -122,8 +111,7 @@ def check_vocab(
     vocab_size: int | None,
     subject: str = "",
 ) -> CheckResult:
-    """No answer holds an id outside the vocabulary; ``subject`` prefixes the detail
-    of a check that ran."""
+    """``subject`` prefixes the detail of a check that ran."""
     result = partial(CheckResult, "vocab", lengths)
     if vocab_size is None:
         return result(
@@ -216,17 +204,6 @@ def continues_counting(text: str, at_least: int = 5) -> bool:
     return len(numbers) == at_least and numbers == list(range(11, 11 + at_least))
 
 
-def same_decode(solo: Completion, perturbed: Completion) -> bool:
-    """Whether two greedy decodes generated the same tokens.
-
-    The ids are the decode; its text arrives in pieces and the perturbed stream
-    is cut mid-way, so text is compared only when no ids came back.
-    """
-    if solo.token_ids or perturbed.token_ids:
-        return solo.token_ids == perturbed.token_ids
-    return solo.text == perturbed.text
-
-
 def check_ongoing_decode(
     lengths: tuple[int, ...],
     solo: Completion,
@@ -235,15 +212,17 @@ def check_ongoing_decode(
     inserted: int,
     why_no_overlap: str = "",
 ) -> CheckResult:
-    """The decode with prompts inserted equals the solo decode, and it overlapped.
-
-    ``overlapped_inserts`` of the ``inserted`` prompts were answered while the
-    decode still streamed; with none the check could not run, for
-    ``why_no_overlap``.
-    """
+    """The decode with prompts inserted equals the solo decode; with none of them
+    answered while it streamed (``overlapped_inserts``) the check could not run."""
     result = partial(CheckResult, "ongoing_decode", lengths)
     counting = "continues counting" if continues_counting(solo.text) else "not counting"
-    if not same_decode(solo, perturbed):
+    # The ids are the decode; its text arrives in pieces and the perturbed stream
+    # is cut mid-way, so text is compared only when no ids came back.
+    if solo.token_ids or perturbed.token_ids:
+        same = solo.token_ids == perturbed.token_ids
+    else:
+        same = solo.text == perturbed.text
+    if not same:
         return result(
             FAIL,
             f"with boundary prompts inserted the decode differs from the solo run at "

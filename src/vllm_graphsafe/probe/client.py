@@ -1,8 +1,6 @@
 """JSON and server-sent events over one ``httpx.Client``, within a request budget.
-
 httpx is imported when a client is made, so that importing the probe (or the
-plugin) never imports it. Each of httpx's errors becomes one plain sentence.
-"""
+plugin) never imports it."""
 
 from __future__ import annotations
 
@@ -16,16 +14,9 @@ import urllib.parse
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from vllm_graphsafe.probe import errors
 from vllm_graphsafe.probe.answers import error_detail
-from vllm_graphsafe.probe.errors import (
-    EXIT_API_KEY,
-    EXIT_BAD_RESPONSE,
-    EXIT_REQUEST_BUDGET,
-    EXIT_TIMEOUT,
-    EXIT_UNREACHABLE,
-    HttpStatusError,
-    ProbeError,
-)
+from vllm_graphsafe.probe.errors import HttpStatusError, ProbeError
 
 if TYPE_CHECKING:
     import httpx
@@ -44,7 +35,7 @@ class RequestBudget:
         with self._lock:
             if self.used >= self.limit:
                 raise ProbeError(
-                    EXIT_REQUEST_BUDGET,
+                    errors.EXIT_REQUEST_BUDGET,
                     f"The probe needed more than --max-requests {self.limit} requests "
                     f"(answers without token ids cost extra tokenize requests).",
                 )
@@ -81,8 +72,7 @@ def connect_failure(error: BaseException) -> str:
 
 @functools.cache
 def tls_context(trust_env: bool) -> ssl.SSLContext:
-    """The certificate store httpx would load for each client (about 0.1 s),
-    loaded once per process."""
+    """The certificate store httpx would load for each client (0.1 s), once."""
     import httpx
 
     return httpx.create_ssl_context(trust_env=trust_env)
@@ -143,11 +133,8 @@ class ServerClient:
     def post_stream(
         self, path: str, payload: dict[str, Any], limit_s: float
     ) -> Generator[Any, None, None]:
-        """The JSON events of a server-sent event stream, until ``[DONE]``.
-
-        The whole stream must end within ``limit_s``; closing the generator
-        early closes the connection, which ends the request on the server.
-        """
+        """The JSON events of a server-sent event stream, until ``[DONE]``, within
+        ``limit_s``; closing the generator early ends the request on the server."""
         import httpx
 
         self.budget.take()
@@ -179,12 +166,12 @@ class ServerClient:
         if response.status_code == 401:
             if self.sent_key:
                 raise ProbeError(
-                    EXIT_API_KEY,
+                    errors.EXIT_API_KEY,
                     "The server refused the API key the probe sent (HTTP 401): "
                     "set VLLM_API_KEY to the key the server was started with.",
                 )
             raise ProbeError(
-                EXIT_API_KEY, "The server wants an API key: set VLLM_API_KEY."
+                errors.EXIT_API_KEY, "The server wants an API key: set VLLM_API_KEY."
             )
         detail = error_detail(response.content)
         raise HttpStatusError(response.status_code, method, path, detail)
@@ -196,30 +183,30 @@ class ServerClient:
             return self._timeout(method, path, self.timeout)
         if isinstance(error, httpx.ConnectError):
             return ProbeError(
-                EXIT_UNREACHABLE,
+                errors.EXIT_UNREACHABLE,
                 f"Cannot reach the server at {self.base_url} "
                 f"({connect_failure(error)}).",
             )
         if isinstance(error, httpx.ProxyError):
             return ProbeError(
-                EXIT_UNREACHABLE,
+                errors.EXIT_UNREACHABLE,
                 f"Cannot reach the server at {self.base_url} through the proxy "
                 f"set in the environment ({error}).",
             )
         if isinstance(error, httpx.DecodingError):
             return ProbeError(
-                EXIT_BAD_RESPONSE,
+                errors.EXIT_BAD_RESPONSE,
                 f"The server's answer to {method} {path} cannot be decoded.",
             )
         return ProbeError(
-            EXIT_UNREACHABLE,
+            errors.EXIT_UNREACHABLE,
             f"The server at {self.base_url} dropped the connection during "
             f"{method} {path} ({type(error).__name__}).",
         )
 
     def _timeout(self, method: str, path: str, limit_s: float) -> ProbeError:
         return ProbeError(
-            EXIT_TIMEOUT,
+            errors.EXIT_TIMEOUT,
             f"{method} {path} got no complete answer within {limit_s:g} seconds, "
             f"so the server may be hung.",
         )
@@ -229,6 +216,6 @@ class ServerClient:
             return json.loads(body)
         except ValueError:
             raise ProbeError(
-                EXIT_BAD_RESPONSE,
+                errors.EXIT_BAD_RESPONSE,
                 f"The server answered {method} {path} with something that is not JSON.",
             ) from None

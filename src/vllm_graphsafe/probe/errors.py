@@ -18,7 +18,6 @@ EXIT_API_KEY = exit_statuses.PROBE_API_KEY
 EXIT_INCOMPLETE = exit_statuses.PROBE_INCOMPLETE
 EXIT_INTERRUPTED = exit_statuses.PROBE_INTERRUPTED
 
-#: Every exit status and what it means, for ``--help`` and the README.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = tuple(
     (status.code, status.meaning) for status in exit_statuses.PROBE
 )

@@ -13,7 +13,7 @@ inserted into the ongoing decode, as in the report.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 #: /v1/models, /tokenize (instruction), /tokenize (filler).
@@ -58,7 +58,7 @@ class ProbePlan:
 
     @property
     def request_count(self) -> int:
-        """Requests the plan sends when every answer carries its token ids."""
+        """When every answer carries its token ids."""
         solo = 2 * len(self.solo_lengths)  # cold and warm
         together = sum(len(group) for group in self.groups)
         decode = 2 + len(self.decode_inserts)  # solo, perturbed, inserted prompts
@@ -67,12 +67,7 @@ class ProbePlan:
     def to_json(self) -> dict[str, Any]:
         return {
             "boundaries": [
-                {
-                    "length": boundary.length,
-                    "label": boundary.label,
-                    "controls": list(boundary.controls),
-                    "long": boundary.long,
-                }
+                dict(asdict(boundary), controls=list(boundary.controls))
                 for boundary in self.boundaries
             ],
             "solo_lengths": list(self.solo_lengths),
@@ -90,7 +85,6 @@ def make_plan(
     concurrency: int,
     needs_vocab_probe: bool,
 ) -> ProbePlan:
-    """Boundary lengths, their controls, concurrent groups and decode inserts."""
     step = num_speculative_tokens + 1
     first_block = f"block {block_size} + K+1"
     if block_size == SEED_BLOCK_SIZE and step == 4:
@@ -175,11 +169,9 @@ def with_long_prompts(
     max_tokens: int,
     max_requests: int,
 ) -> ProbePlan:
-    """``plan`` plus the reported long prompts, where the server and budget allow them.
+    """``plan`` plus the reported long prompts, where the server and budget allow.
 
-    Each long prompt is sent cold and warm; the two go together as one pair, and
-    the first is inserted into the ongoing decode. They have no controls: a long
-    prompt one token off would cost as much again.
+    They have no controls: a long prompt one token off would cost as much again.
     """
     longs: list[Boundary] = []
     for context in SEED_LONG_CONTEXTS:
@@ -221,12 +213,8 @@ def with_long_prompts(
 def build_prompt(
     instruction_ids: Sequence[int], filler_id: int, length: int
 ) -> list[int]:
-    """A prompt of exactly ``length`` ids: the instruction padded with filler.
-
-    The filler goes in front of the instruction's last few ids, so the prompt
-    still ends with the assistant turn. A length shorter than the instruction
-    keeps the instruction's tail.
-    """
+    """The instruction padded with filler in front of its last few ids to exactly
+    ``length`` ids; a length shorter than the instruction keeps its tail."""
     if length <= len(instruction_ids):
         return list(instruction_ids[len(instruction_ids) - length :])
     split = len(instruction_ids) - min(INSTRUCTION_TAIL_TOKENS, len(instruction_ids))

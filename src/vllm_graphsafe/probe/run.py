@@ -1,32 +1,24 @@
 """``run_probe``: check the settings, probe the server, return what it found.
 
-One pass: the settings are checked once, before any request; the checks run;
-the statistics are read once after them, so that they count the probe's own
-requests; the whole result is redacted once, at the end. Nothing is printed or
-written here but the progress bar: showing the result and writing the JSON
-report are the caller's.
+The statistics are read once after the checks, so that they count the probe's
+own requests; the whole result is redacted once, at the end, since a server may
+quote the API key back (an error page that echoes the request's headers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar, cast
 
+from vllm_graphsafe.probe import errors
 from vllm_graphsafe.probe.checks import FAIL, PASS, SKIP, CheckResult, not_run_sentences
 from vllm_graphsafe.probe.client import RequestBudget, ServerClient
-from vllm_graphsafe.probe.errors import (
-    EXIT_BAD_ARGUMENT,
-    EXIT_CHECK_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_OK,
-    EXIT_REQUEST_BUDGET,
-    ProbeError,
-)
+from vllm_graphsafe.probe.errors import ProbeError
 from vllm_graphsafe.probe.plan import make_plan
-from vllm_graphsafe.probe.redaction import redact
 from vllm_graphsafe.probe.session import ProbeSession, ProbeState
 from vllm_graphsafe.probe.settings import (
     ProbeSettings,
@@ -37,13 +29,8 @@ from vllm_graphsafe.probe.settings import (
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """How a probe ended: its exit code, its checks and the JSON report's data.
-
-    ``error`` is the sentence that ended the probe early, if one did;
-    ``late_errors`` are sentences about the statistics, found after the checks
-    ran. ``dispatch_stats`` are the statistics read then. Nothing here holds
-    the API key.
-    """
+    """How a probe ended. ``error`` is the sentence that ended it early, if one
+    did; ``late_errors`` are about the statistics, read after the checks ran."""
 
     exit_code: int
     checks: tuple[CheckResult, ...] = ()
@@ -54,17 +41,17 @@ class ProbeResult:
 
     @property
     def passed(self) -> bool:
-        return self.exit_code == EXIT_OK
+        return self.exit_code == errors.EXIT_OK
 
 
 def checks_exit_status(checks: Sequence[CheckResult]) -> int:
     """1 when a check failed, else 14 when one could not run, else 0: a probe
     that did not run every check never passes."""
     if any(check.status == FAIL for check in checks):
-        return EXIT_CHECK_FAILED
+        return errors.EXIT_CHECK_FAILED
     if any(check.status == SKIP for check in checks):
-        return EXIT_INCOMPLETE
-    return EXIT_OK
+        return errors.EXIT_INCOMPLETE
+    return errors.EXIT_OK
 
 
 def build_report(
@@ -123,14 +110,42 @@ def build_report(
     return report
 
 
+REDACTED = "<api key>"
+_Value = TypeVar("_Value")
+
+
+def redact(value: _Value, secret: str | None) -> _Value:
+    """A copy of ``value`` with ``secret`` replaced in its strings, to any depth of
+    mappings, lists, tuples and dataclasses."""
+    if not secret:
+        return value
+    return cast(_Value, _redacted(value, secret))
+
+
+def _redacted(value: Any, secret: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED)
+    if isinstance(value, Mapping):
+        return {key: _redacted(item, secret) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redacted(item, secret) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_redacted(item, secret) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            attribute.name: _redacted(getattr(value, attribute.name), secret)
+            for attribute in dataclasses.fields(value)
+            if attribute.init
+        }
+        return dataclasses.replace(value, **changes)
+    return value
+
+
 def run_probe(
     settings: ProbeSettings, progress_stream: TextIO | None = None
 ) -> ProbeResult:
-    """Probe the server ``settings`` names; print nothing but the progress bar.
-
-    The bar goes to ``progress_stream`` (default: standard error) when
-    ``settings.progress`` is set and that stream is a terminal.
-    """
+    """Probe the server ``settings`` names; print nothing but the progress bar, to
+    ``progress_stream`` (default: stderr) if it is a terminal and settings allow."""
     result = _probe(settings, progress_stream or sys.stderr)
     return redact(result, settings.api_key)
 
@@ -166,7 +181,7 @@ def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
     try:
         if plan.request_count > settings.max_requests:
             raise ProbeError(
-                EXIT_REQUEST_BUDGET,
+                errors.EXIT_REQUEST_BUDGET,
                 f"The probe plan needs {plan.request_count} requests but "
                 f"--max-requests is {settings.max_requests}.",
             )
@@ -190,8 +205,8 @@ def _probe(settings: ProbeSettings, stream: TextIO) -> ProbeResult:
         except ProbeError as error:
             late_errors.append(error.message)
     report = build_report(state, budget.used, exit_code, error_message, dispatch_stats)
-    if late_errors and exit_code == EXIT_OK:
-        exit_code = EXIT_BAD_ARGUMENT
+    if late_errors and exit_code == errors.EXIT_OK:
+        exit_code = errors.EXIT_BAD_ARGUMENT
     return ProbeResult(
         exit_code=exit_code,
         checks=tuple(state.checks),

@@ -1,22 +1,14 @@
 """One probe of one server: discovery, the planned requests, the checks.
 
-Prompts: the user message "Probe <salt>. Reply with OK." through the chat template
-(or as plain text when the model has none), padded with a filler token in front of
-its last four ids to an exact length; a shorter length keeps the instruction's
-tail. The random salt keeps an earlier probe's prefix cache out of the "cold" run.
+Prompts are the user message "Probe <salt>. Reply with OK." through the chat
+template (plain text when the model has none), padded to exact lengths
+(``plan.build_prompt``); the random salt keeps an earlier probe's prefix cache out
+of the "cold" run.
 
-Vocabulary size: the settings' ``vocab_size`` wins. Otherwise the probe sends one
-completion whose ``logit_bias`` names token id 2**31-1; vLLM (0.8.5 and later)
-rejects it with HTTP 400 and a message that states the model's vocabulary size,
-which is the width of the logits and therefore the bound on sampled ids. When the
-server accepts the request or does not state a size, the ``vocab`` check cannot
-run and the report says so; ``controls`` still compares the boundary with its
-controls.
-
-Long decode: the decode with boundary prompts inserted is sized by the server
-itself. It is asked for as many tokens as the context allows and read until every
-inserted prompt is answered (``overlap``); the solo decode then asks for exactly
-as many tokens as that stream gave, and the two must match.
+Vocabulary size: unless given, the probe sends one completion whose
+``logit_bias`` names token id 2**31-1; vLLM (0.8.5 and later) rejects it with
+HTTP 400 and a message that states the model's vocabulary size, the width of the
+logits and so the bound on sampled ids. Without it the ``vocab`` check cannot run.
 """
 
 from __future__ import annotations
@@ -28,13 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_graphsafe.probe.answers import (
-    ServedModel,
-    choose_model,
-    first_choice,
-    token_ids_of,
-    vocab_size_from_message,
-)
+from vllm_graphsafe.probe import answers, errors
 from vllm_graphsafe.probe.checks import (
     CHECK_NAMES,
     CheckResult,
@@ -48,13 +34,7 @@ from vllm_graphsafe.probe.checks import (
     check_vocab,
 )
 from vllm_graphsafe.probe.client import ServerClient
-from vllm_graphsafe.probe.errors import (
-    EXIT_BAD_ARGUMENT,
-    EXIT_BAD_RESPONSE,
-    EXIT_NO_TOKENIZE,
-    HttpStatusError,
-    ProbeError,
-)
+from vllm_graphsafe.probe.errors import HttpStatusError, ProbeError
 from vllm_graphsafe.probe.overlap import DecodeWatch, InsertSpan
 from vllm_graphsafe.probe.plan import (
     ProbePlan,
@@ -104,7 +84,7 @@ class ProbeState:
     base_url: str
     plan: ProbePlan
     salt: str
-    model: ServedModel | None = None
+    model: answers.ServedModel | None = None
     vocab_size: int | None = None
     vocab_size_source: str = "unknown"
     instruction_source: str = ""
@@ -121,7 +101,6 @@ class ProbeSession:
         self.prompts: dict[int, list[int]] = {}
         self.decode_tokens = state.settings.decode_tokens
         self.decode_limit = self.decode_tokens * UNKNOWN_CONTEXT_DECODE_FACTOR
-        #: Decodes with inserts run in this probe (see ``DECODE_ATTEMPTS``).
         self.decode_attempts = 0
         self._samples_lock = threading.Lock()
 
@@ -160,41 +139,36 @@ class ProbeSession:
                 )
         self.state.plan = replace(self.state.plan, notes=tuple(notes))
 
-    def _served_model(self) -> ServedModel:
+    def _served_model(self) -> answers.ServedModel:
         """The model to probe; anything but vLLM's model list is not a vLLM server."""
-
-        def not_vllm(why: str) -> ProbeError:
-            return ProbeError(
-                EXIT_BAD_RESPONSE,
-                f"The server at {self.client.base_url} is not a vLLM server: {why}.",
-            )
-
         try:
             listing = self.client.request_json("/v1/models")
         except HttpStatusError as error:
-            if 400 <= error.status < 500:
-                answer = f" with {error.detail}" if error.detail else ""
-                raise not_vllm(
-                    f"GET /v1/models answered HTTP {error.status}{answer}"
-                ) from None
-            raise
+            if not 400 <= error.status < 500:
+                raise
+            answer = f" with {error.detail}" if error.detail else ""
+            why = f"answered HTTP {error.status}{answer}"
         except ProbeError as error:
-            if error.exit_status == EXIT_BAD_RESPONSE:
-                raise not_vllm(
-                    "GET /v1/models answered with something not JSON"
-                ) from None
-            raise
-        entries = listing.get("data") if isinstance(listing, dict) else None
-        if not isinstance(entries, list):
-            raise not_vllm("GET /v1/models answered without a list of models")
-        return choose_model(entries, self.settings.model)
+            if error.exit_status != errors.EXIT_BAD_RESPONSE:
+                raise
+            why = "answered with something not JSON"
+        else:
+            entries = listing.get("data") if isinstance(listing, dict) else None
+            if isinstance(entries, list):
+                return answers.choose_model(entries, self.settings.model)
+            why = "answered without a list of models"
+        raise ProbeError(
+            errors.EXIT_BAD_RESPONSE,
+            f"The server at {self.client.base_url} is not a vLLM server: "
+            f"GET /v1/models {why}.",
+        )
 
     def _fitted_plan(self, max_model_len: int | None) -> ProbePlan:
         settings = self.settings
         plan = fit_plan(self.state.plan, max_model_len, settings.max_tokens)
         if not plan.boundaries:
             raise ProbeError(
-                EXIT_BAD_ARGUMENT,
+                errors.EXIT_BAD_ARGUMENT,
                 f"No boundary length fits max_model_len {max_model_len} "
                 f"of the served model.",
             )
@@ -210,7 +184,8 @@ class ProbeSession:
             settings.max_requests,
         )
 
-    def _tokenize(self, payload: Mapping[str, Any]) -> list[int]:
+    def _tokenize(self, payload: Mapping[str, Any], what: str = "") -> list[int]:
+        """The ids of ``payload``; if ``what`` is named, a ``ProbeError`` for none."""
         try:
             answer = self.client.request_json(
                 "/tokenize", {"model": self.model_id, **payload}
@@ -218,7 +193,7 @@ class ProbeSession:
         except HttpStatusError as error:
             if error.status == 404 and "model" not in error.detail.lower():
                 raise ProbeError(
-                    EXIT_NO_TOKENIZE,
+                    errors.EXIT_NO_TOKENIZE,
                     f"The server at {self.client.base_url} has no /tokenize endpoint "
                     f"(HTTP 404), which the probe needs to build exact-length prompts.",
                 ) from None
@@ -226,8 +201,12 @@ class ProbeSession:
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise ProbeError(
-                EXIT_BAD_RESPONSE, "The server's /tokenize answer has no token list."
+                errors.EXIT_BAD_RESPONSE,
+                "The server's /tokenize answer has no token list.",
             )
+        if what and not tokens:
+            sentence = f"The server tokenized {what} to no tokens."
+            raise ProbeError(errors.EXIT_BAD_RESPONSE, sentence)
         return list(tokens)
 
     def _tokenize_instruction(self) -> list[int]:
@@ -237,28 +216,22 @@ class ProbeSession:
                 {
                     "messages": [{"role": "user", "content": content}],
                     "add_generation_prompt": True,
-                }
+                },
+                "the instruction",
             )
             self.state.instruction_source = "chat template"
         except HttpStatusError as error:
             if error.status not in (400, 422):
                 raise
             # No chat template: the plain text with the tokenizer's special tokens.
-            ids = self._tokenize({"prompt": content, "add_special_tokens": True})
+            plain = {"prompt": content, "add_special_tokens": True}
+            ids = self._tokenize(plain, "the instruction")
             self.state.instruction_source = "plain prompt (no chat template)"
-        if not ids:
-            raise ProbeError(
-                EXIT_BAD_RESPONSE, "The server tokenized the instruction to no tokens."
-            )
         return ids
 
     def _filler_id(self) -> int:
-        ids = self._tokenize({"prompt": " ", "add_special_tokens": False})
-        if not ids:
-            raise ProbeError(
-                EXIT_BAD_RESPONSE, "The server tokenized a single space to no tokens."
-            )
-        return ids[-1]
+        space = {"prompt": " ", "add_special_tokens": False}
+        return self._tokenize(space, "a single space")[-1]
 
     def _discover_vocab_size(self, filler_id: int) -> int | None:
         payload = {
@@ -272,7 +245,7 @@ class ProbeSession:
             self.client.request_json("/v1/completions", payload)
         except HttpStatusError as error:
             if error.status in (400, 422):
-                return vocab_size_from_message(error.detail)
+                return answers.vocab_size_from_message(error.detail)
             raise
         return None
 
@@ -288,12 +261,12 @@ class ProbeSession:
         }
 
     def complete(self, length: int, phase: str) -> Completion:
-        payload = self._completion_payload(
-            self.prompts[length], self.settings.max_tokens
-        )
-        choice = first_choice(self.client.request_json("/v1/completions", payload))
+        prompt = self.prompts[length]
+        payload = self._completion_payload(prompt, self.settings.max_tokens)
+        answer = self.client.request_json("/v1/completions", payload)
+        choice = answers.first_choice(answer)
         text = str(choice.get("text") or "")
-        ids = token_ids_of(choice)
+        ids = answers.token_ids_of(choice)
         if ids is None:
             ids = self._tokenize({"prompt": text, "add_special_tokens": False})
         output = Completion(tuple(ids), text, choice.get("finish_reason"))
@@ -334,7 +307,7 @@ class ProbeSession:
                 if not isinstance(choice, dict):
                     continue
                 text = str(choice.get("text") or "")
-                chunk_ids = token_ids_of(choice)
+                chunk_ids = answers.token_ids_of(choice)
                 if chunk_ids is None:
                     ids_complete = ids_complete and not text
                     streamed += bool(text)
@@ -364,12 +337,6 @@ class ProbeSession:
         with self._samples_lock:
             self.state.samples.append(sample)
 
-    def run_solo(self) -> dict[int, tuple[Completion, Completion]]:
-        lengths = self.state.plan.solo_lengths
-        cold = {length: self.complete(length, "cold") for length in lengths}
-        warm = {length: self.complete(length, "warm") for length in lengths}
-        return {length: (cold[length], warm[length]) for length in lengths}
-
     def run_together(self, group: tuple[int, ...]) -> list[Completion]:
         start_line = threading.Barrier(len(group))
 
@@ -384,11 +351,8 @@ class ProbeSession:
             return [future.result() for future in futures]
 
     def run_decode_with_inserts(self) -> DecodeRun:
-        """The long decode, with each boundary prompt sent in turn while it streams.
-
-        The decode runs until every inserted prompt is answered (or until the
-        context is full); how each one met it is measured from its stream.
-        """
+        """The long decode, with each boundary prompt sent in turn while it streams
+        (``overlap``: it runs until every inserted prompt is answered)."""
         self.decode_attempts += 1
         watch = DecodeWatch()
         spans: list[tuple[InsertSpan, Completion]] = []
@@ -433,8 +397,10 @@ class ProbeSession:
     def execute(self) -> list[CheckResult]:
         self.discover()
         plan = self.state.plan
-        solo = self.run_solo()
-        cold = {length: outputs[0] for length, outputs in solo.items()}
+        lengths = plan.solo_lengths
+        cold = {length: self.complete(length, "cold") for length in lengths}
+        warm = {length: self.complete(length, "warm") for length in lengths}
+        solo = {length: (cold[length], warm[length]) for length in lengths}
         checks: list[CheckResult] = []
         for group in plan.groups:
             outputs = self.run_together(group)
@@ -457,14 +423,10 @@ class ProbeSession:
             check_concurrent((span.length,), [output], cold, "inserted during decode")
             for span, output in perturbed.inserts
         ]
-        decode_lengths = (
-            (self.state.decode_prompt_tokens,)
-            if self.state.decode_prompt_tokens
-            else ()
-        )
+        prompt_tokens = self.state.decode_prompt_tokens
         checks.append(
             check_ongoing_decode(
-                decode_lengths,
+                (prompt_tokens,) if prompt_tokens else (),
                 decode_solo,
                 perturbed.decode,
                 perturbed.overlapped,
@@ -483,9 +445,7 @@ def solo_checks(
     vocab_size: int | None,
 ) -> list[CheckResult]:
     """cold_warm for every length; repetition and controls for every boundary.
-
-    A long prompt has no controls of its own; it is compared with all the others.
-    """
+    A long prompt has no controls of its own; it is compared with all the others."""
     results = [check_cold_warm(n, *solo[n]) for n in plan.solo_lengths]
     every_control = {n: solo[n] for b in plan.boundaries for n in b.controls}
     for boundary in plan.boundaries:

@@ -35,11 +35,8 @@ _USER_INFO = re.compile(r"//[^/@]*@")
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """A probe of one server. ``api_key`` is sent as is and never shown.
-
-    ``json_path`` is where the caller writes the JSON report (``-``: standard
-    output); :func:`check_settings` makes sure it can, before any request.
-    """
+    """A probe of one server. ``api_key`` is sent as is and never shown;
+    ``json_path`` is where the caller writes the JSON report (``-``: stdout)."""
 
     base_url: str
     model: str | None = None
@@ -76,25 +73,16 @@ class ProbeSettings:
 
 def api_key_from(option: str | None, environ: Mapping[str, str]) -> str | None:
     """``--api-key`` if given, else the first non-empty of ``API_KEY_VARIABLES``."""
-    if option:
-        return option
-    for name in API_KEY_VARIABLES:
-        value = environ.get(name, "").strip()
-        if value:
-            return value
-    return None
+    found = (environ.get(name, "").strip() for name in API_KEY_VARIABLES)
+    return option or next((value for value in found if value), None)
 
 
 def normalize_base_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return url
+    return url.strip().rstrip("/").removesuffix("/v1")
 
 
 def parse_base_url(url: str) -> str:
     """The normalized base URL; a ``ProbeError`` says in one sentence what is wrong."""
-
     # Credentials typed into the URL are not echoed back.
     shown = _USER_INFO.sub("//...@", url)
 
@@ -188,10 +176,7 @@ def read_dispatch_stats(directory: str) -> dict[str, Any]:
 
 def check_settings(settings: ProbeSettings) -> str:
     """The normalized base URL; a ``ProbeError`` before any request otherwise.
-
-    A statistics directory is checked by reading it; the statistics the probe
-    shows are read again after its requests, so that they count those too.
-    """
+    The statistics are read again after the requests, so that they count those."""
     base_url = parse_base_url(settings.base_url)
     check_numbers(settings)
     if settings.json_path:

@@ -33,11 +33,8 @@ def render_import(module: str, names: list[str], expanded: bool = False) -> str:
 def rewrite_import(
     source: SourceFile, module: str, remove: set[str], add: set[str]
 ) -> list[LineEdit]:
-    """Edits that drop ``remove`` from and add ``add`` to ``from module import``.
-
-    A statement left empty is deleted; a new one is placed where ruff's isort
-    expects it among the file's ``from`` imports.
-    """
+    """Edits that drop ``remove`` from and add ``add`` to ``from module import``;
+    a new statement is placed where ruff's isort expects it."""
     imports = [
         node
         for node in source.tree.body

@@ -1,12 +1,7 @@
 """What every fix's backport planner returns, and the helpers they share.
 
-A fix's ``backport.plan(tree)`` reads the tree (with the edits of the fixes
-before it), locates what it edits by parsing, and returns a :class:`Plan`: the
-new text of every file it changes, plus the CPU tests it writes beside the
-change. When something it must edit is missing it raises
-:class:`~vllm_graphsafe.tree_edits.source.MissingSymbolError` naming it, before
-anything is changed: a fix is applied whole or not at all.
-"""
+``plan(tree)`` raises ``MissingSymbolError`` before anything is changed: a fix
+is applied whole or not at all."""
 
 from __future__ import annotations
 
@@ -32,17 +27,15 @@ WRITTEN_TEST_HEADER = """\
 
 
 def written_test_path(fix_id: str) -> str:
-    """Where a fix's written tests go in the tree, beside vLLM's worker tests."""
     return f"tests/v1/worker/test_graphsafe_backport_{fix_id.replace('-', '_')}.py"
 
 
 def render_written_tests(
     package: str, sections: Iterable[str], **constants: bool | str
 ) -> str:
-    """The tests a fix writes into a tree: the files ``sections`` of the
-    ``written/`` folder of its ``package`` joined in order, each from the end
-    of its ``if TYPE_CHECKING:`` block if it has one (there for ruff and mypy:
-    what the files before it bind), with the line ``NAME = ...`` of each of
+    """The files ``sections`` of the ``written/`` folder of ``package`` joined,
+    each from the end of its ``if TYPE_CHECKING:`` block (there for ruff and
+    mypy: what the files before it bind), each ``NAME = ...`` line of
     ``constants`` set to its value."""
     folder = resources.files(package) / "written"
     texts = [(folder / f"{name}.py").read_text("utf-8") for name in sections]
@@ -65,11 +58,9 @@ def _after_type_checking(text: str) -> str:
 
 @dataclass
 class Plan:
-    """What one fix changes in a tree."""
-
     fix_id: str
     layout: str
-    #: relpath -> the file's new text (source files of the tree).
+    #: relpath -> the new text of a source file of the tree.
     texts: dict[str, str] = field(default_factory=dict)
     #: relpath -> text of a test file written beside the change.
     tests: dict[str, str] = field(default_factory=dict)

@@ -1,8 +1,7 @@
 """A vLLM source file as text plus its parse tree, and edits spliced into the text.
 
-Every edit is located from the parse tree (a node's line span), never from a
-line number known in advance, and replaces whole lines, so everything around it
-stays byte for byte as the user's tree has it.
+Every edit is located from the parse tree and replaces whole lines, so
+everything around it stays byte for byte as the user's tree has it.
 """
 
 from __future__ import annotations
@@ -21,10 +20,7 @@ class MissingSymbolError(LookupError):
 
 @dataclass(frozen=True)
 class LineEdit:
-    """Replace lines ``[start, end)`` (0-based) of a file with ``text``.
-
-    ``start == end`` inserts before line ``start``.
-    """
+    """Replace lines ``[start, end)`` (0-based) of a file with ``text``."""
 
     start: int
     end: int
@@ -33,8 +29,6 @@ class LineEdit:
 
 @dataclass
 class SourceFile:
-    """One module of the tree: its path relative to the tree root, text, parse."""
-
     relpath: str
     text: str
     tree: ast.Module
@@ -59,7 +53,7 @@ class SourceFile:
     def require_class(
         self, name: str, attributes: tuple[str, ...] = ()
     ) -> ast.ClassDef:
-        """The module's class ``name``, whose instances get each of ``attributes``."""
+        """The class ``name``, whose instances get each of ``attributes``."""
         cls = recognition.find_class(self.tree, name)
         if cls is None:
             raise MissingSymbolError(f"{self.module_name}.{name}")
@@ -83,7 +77,6 @@ class SourceFile:
         return LineEdit(line, line, indent_block(text, self.indent_of(node)))
 
     def insert_after(self, node: ast.stmt, text: str) -> LineEdit:
-        """``text`` below ``node``, indented as it is."""
         assert node.end_lineno is not None
         text = indent_block(text, self.indent_of(node))
         return LineEdit(node.end_lineno, node.end_lineno, text)
@@ -118,7 +111,6 @@ def statement_calling(function: recognition.FunctionNode, name: str) -> ast.stmt
 
 
 def indent_block(text: str, indent: str) -> str:
-    """``text`` (lines without base indentation) indented by ``indent``."""
     return "".join(
         indent + line if line.strip() else line
         for line in text.splitlines(keepends=True)

@@ -9,8 +9,8 @@ from vllm_graphsafe.tree_edits.source import MissingSymbolError, SourceFile
 
 
 def read_exact(path: Path) -> str | None:
-    """The file's text with its own line endings, byte for byte; None where
-    it cannot be read as UTF-8."""
+    """The file's text with its own line endings; None where it cannot be
+    read as UTF-8."""
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             return handle.read()
@@ -19,7 +19,6 @@ def read_exact(path: Path) -> str | None:
 
 
 def module_path(module: str) -> str:
-    """``vllm.a.b`` -> ``vllm/a/b.py``."""
     return "/".join(module.split(".")) + ".py"
 
 

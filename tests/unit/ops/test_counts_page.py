@@ -210,5 +210,5 @@ def test_directories_given_back_are_never_written_again(tmp_path: Path) -> None:
     counters.flush()
     assert not any(directory.exists() for directory in directories)
     assert errors == []
-    assert counters.counts[PATCH][KEPT_OFF_DECODE] > 2
+    assert counters.snapshot()[PATCH][KEPT_OFF_DECODE] > 2
     assert counters.directories == []

@@ -15,7 +15,7 @@ from tests.unit.probe.test_probe_fake_server import (
 from vllm_graphsafe.cli.main import build_parser
 from vllm_graphsafe.probe import ProbeResult, ProbeSettings, errors
 from vllm_graphsafe.probe.checks import CheckResult
-from vllm_graphsafe.probe.redaction import redact
+from vllm_graphsafe.probe.run import redact
 
 KEY = "sk-graphsafe-7d41c0ffee"
 WRONG = "sk-wrong-0000"

@@ -1,15 +1,10 @@
-"""mrv2-phase-dispatch as a source edit: where it binds, and the code it inserts.
-
-The inserted code is plain vLLM code (no import of this package), in vLLM's
-style, with the names of upstream's fix (vllm-project/vllm#51865) or, on the
-0.22 layout, of 1Cat-vLLM's backport of it; it makes the same decisions as the
-runtime hooks in ``hooks``.
-"""
+"""mrv2-phase-dispatch as a source edit: plain vLLM code with the names of
+upstream's fix (vllm-project/vllm#51865) or, on the 0.22 layout, of 1Cat-vLLM's
+backport of it, deciding as the runtime hooks do."""
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from vllm_graphsafe import recognition
 from vllm_graphsafe.fixes.mrv2_phase_dispatch import FIX
@@ -46,7 +41,6 @@ AR_SPECULATORS = (
 )
 SHAPE_COUNT = "get_uniform_token_count"
 DECODE_COUNT = "get_uniform_decode_token_count"
-RUNNER_DECODE_COUNT = "_get_uniform_decode_token_count"
 
 _UTILS_FUNCTIONS = '''\
 
@@ -135,31 +129,6 @@ _RUNNER_CALL = """\
 """
 
 
-@dataclass(frozen=True)
-class _MRV2Layout:
-    """Where the phase-aware count lives, and how it is called, per layout."""
-
-    label: str
-    count_module: str
-    #: What the runner hands the count for "has prefill".
-    flag: str
-    speculators: tuple[tuple[str, str], ...]
-
-
-_UPSTREAM_NAMES = _MRV2Layout(
-    "Model Runner V2, 0.24-0.27 layout (names of upstream #51865)",
-    V1_WORKER_UTILS,
-    "decode_graph_eligible=not has_prefill",
-    AR_SPECULATORS,
-)
-_ONECAT_NAMES = _MRV2Layout(
-    "Model Runner V2, 0.22 layout (names of 1Cat-vLLM's backport)",
-    MRV2_CUDAGRAPH_UTILS,
-    "has_prefill",
-    ((MRV2_EAGLE_SPECULATOR, "EagleSpeculator.propose"),),
-)
-
-
 def _host_view(states: SourceFile, attribute: str) -> str:
     """``.np`` for a UVA/CPU-GPU buffer column, nothing for a numpy array."""
     for node in ast.walk(states.tree):
@@ -182,7 +151,6 @@ def _host_view(states: SourceFile, attribute: str) -> str:
 
 def plan(tree: Tree) -> Plan:
     upstream = any(tree.exists(module) for module, _ in AR_SPECULATORS)
-    layout = _UPSTREAM_NAMES if upstream else _ONECAT_NAMES
     runner = tree.require(MRV2_RUNNER)
     owner = "GPUModelRunner.execute_model"
     execute = runner.function(owner)
@@ -203,12 +171,21 @@ def plan(tree: Tree) -> Plan:
     if not recognition.module_binds(runner.tree, "np"):
         raise MissingSymbolError(f"the numpy import of {MRV2_RUNNER}")
     annotation = _parameter_annotation(runner, execute, "scheduler_output")
-    shape_test = (
-        "is_uniform_query_len(num_reqs, num_tokens, max_query_len)"
-        if layout is _UPSTREAM_NAMES
-        else "(\n        get_uniform_token_count(num_reqs, num_tokens, max_query_len)"
-        " is not None\n    )"
-    )
+    if upstream:
+        label = "Model Runner V2, 0.24-0.27 layout (names of upstream #51865)"
+        count_module, flag = V1_WORKER_UTILS, "decode_graph_eligible=not has_prefill"
+        shape_test = "is_uniform_query_len(num_reqs, num_tokens, max_query_len)"
+        imported = {DECODE_COUNT, "is_uniform_query_len"}
+        speculators: tuple[tuple[str, str], ...] = AR_SPECULATORS
+    else:
+        label = "Model Runner V2, 0.22 layout (names of 1Cat-vLLM's backport)"
+        count_module, flag = MRV2_CUDAGRAPH_UTILS, "has_prefill"
+        shape_test = (
+            "(\n        get_uniform_token_count(num_reqs, num_tokens, max_query_len)"
+            " is not None\n    )"
+        )
+        imported = {DECODE_COUNT}
+        speculators = ((MRV2_EAGLE_SPECULATOR, "EagleSpeculator.propose"),)
     computed_view = _host_view(states, "num_computed_prefill_tokens")
     prefill_view = _host_view(states, "prefill_len")
     method = _RUNNER_METHOD.format(
@@ -216,17 +193,17 @@ def plan(tree: Tree) -> Plan:
         shape_test=shape_test,
         computed_view=computed_view,
         prefill_view=prefill_view,
-        flag=layout.flag,
+        flag=flag,
     )
     plan = Plan(
         FIX.id,
-        layout.label,
+        label,
         names=(
-            f"{layout.count_module}.{DECODE_COUNT}",
-            f"GPUModelRunner.{RUNNER_DECODE_COUNT}",
+            f"{count_module}.{DECODE_COUNT}",
+            "GPUModelRunner._get_uniform_decode_token_count",
         ),
     )
-    _add_count_function(tree, plan, layout)
+    _add_count_function(tree, plan, count_module, upstream)
 
     assert shape_call.end_lineno is not None
     name = shape_call.targets[0].id  # type: ignore[attr-defined]
@@ -238,23 +215,14 @@ def plan(tree: Tree) -> Plan:
             indent_block(_RUNNER_CALL.format(name=name), runner.indent_of(shape_call)),
         ),
     ]
-    still_uses_shape = uses_name(runner, SHAPE_COUNT, outside=shape_call) or (
-        layout is _ONECAT_NAMES
-    )
-    imported = (
-        {DECODE_COUNT, "is_uniform_query_len"}
-        if layout is _UPSTREAM_NAMES
-        else {DECODE_COUNT}
-    )
-    runner_edits += _unused_after(runner, execute, shape_call)
-    runner_edits += _import_swap(
-        runner, layout, drop_shape=not still_uses_shape, add=imported
-    )
+    drop_shape = upstream and not uses_name(runner, SHAPE_COUNT, outside=shape_call)
+    runner_edits += _unused_after(execute, shape_call)
+    runner_edits += _import_swap(runner, upstream, drop_shape, imported)
     edit(plan, runner, runner_edits)
 
-    for module, propose in layout.speculators:
+    for module, propose in speculators:
         if tree.exists(module):
-            edit(plan, *_draft_prefill_edits(tree, module, propose, layout))
+            edit(plan, *_draft_prefill_edits(tree, module, propose, upstream))
     plan.tests[written_test_path(plan.fix_id)] = render_written_tests(
         FIX.package,
         ["dispatch", "upstream_helper" if upstream else "fork_helper"],
@@ -265,25 +233,19 @@ def plan(tree: Tree) -> Plan:
 
 
 def _unused_after(
-    source: SourceFile, function: recognition.FunctionNode, replaced: ast.Assign
+    function: recognition.FunctionNode, replaced: ast.Assign
 ) -> list[LineEdit]:
     """Delete simple local assignments only ``replaced`` read (F841 otherwise)."""
-    read_there = {
-        node.id
-        for node in ast.walk(replaced.value)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-    }
     inside = {id(node) for node in ast.walk(replaced)}
+    loads = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    ]
+    read_there = {node.id for node in loads if id(node) in inside}
+    read_elsewhere = {node.id for node in loads if id(node) not in inside}
     edits = []
-    for name in sorted(read_there):
-        reads = [
-            node
-            for node in ast.walk(function)
-            if isinstance(node, ast.Name)
-            and node.id == name
-            and isinstance(node.ctx, ast.Load)
-            and id(node) not in inside
-        ]
+    for name in sorted(read_there - read_elsewhere):
         stores = [
             node
             for node in ast.walk(function)
@@ -292,7 +254,7 @@ def _unused_after(
             and isinstance(node.targets[0], ast.Name)
             and node.targets[0].id == name
         ]
-        if not reads and len(stores) == 1 and stores[0].lineno < replaced.lineno:
+        if len(stores) == 1 and stores[0].lineno < replaced.lineno:
             store = stores[0]
             assert store.end_lineno is not None
             edits.append(LineEdit(store.lineno - 1, store.end_lineno, ""))
@@ -310,33 +272,32 @@ def _parameter_annotation(
     raise MissingSymbolError(f"the annotation of {name} in {function.name}")
 
 
-def _add_count_function(tree: Tree, plan: Plan, layout: _MRV2Layout) -> None:
-    source = tree.require(layout.count_module)
+def _add_count_function(
+    tree: Tree, plan: Plan, count_module: str, upstream: bool
+) -> None:
+    source = tree.require(count_module)
     if recognition.module_binds(source.tree, DECODE_COUNT):
         return
-    if layout is _ONECAT_NAMES:
+    if not upstream:
         if not recognition.module_binds(source.tree, SHAPE_COUNT):
-            raise MissingSymbolError(f"{layout.count_module}.{SHAPE_COUNT}")
+            raise MissingSymbolError(f"{count_module}.{SHAPE_COUNT}")
         addition = _CUDAGRAPH_UTILS_FUNCTION_1CAT
     else:
         addition = _UTILS_FUNCTIONS
         if recognition.module_binds(source.tree, "is_uniform_query_len"):
             raise MissingSymbolError(
-                f"{layout.count_module}.{DECODE_COUNT} beside is_uniform_query_len"
+                f"{count_module}.{DECODE_COUNT} beside is_uniform_query_len"
             )
     text = source.text if source.text.endswith("\n") else source.text + "\n"
     plan.texts[source.relpath] = text + addition
 
 
 def _import_swap(
-    source: SourceFile, layout: _MRV2Layout, drop_shape: bool, add: set[str]
+    source: SourceFile, upstream: bool, drop_shape: bool, add: set[str]
 ) -> list[LineEdit]:
-    if layout.count_module == MRV2_CUDAGRAPH_UTILS:
+    if not upstream:
         return rewrite_import(
-            source,
-            MRV2_CUDAGRAPH_UTILS,
-            remove={SHAPE_COUNT} if drop_shape else set(),
-            add=add,
+            source, MRV2_CUDAGRAPH_UTILS, {SHAPE_COUNT} if drop_shape else set(), add
         )
     edits = []
     if drop_shape:
@@ -361,7 +322,7 @@ def _draft_phase_expression(tree: Tree) -> str:
 
 
 def _draft_prefill_edits(
-    tree: Tree, module: str, propose: str, layout: _MRV2Layout
+    tree: Tree, module: str, propose: str, upstream: bool
 ) -> tuple[SourceFile, list[LineEdit]]:
     source = tree.require(module)
     function = source.function(propose)
@@ -374,7 +335,7 @@ def _draft_prefill_edits(
     call = statement.value
     assert isinstance(call, ast.Call) and statement.end_lineno is not None
     phase = _draft_phase_expression(tree)
-    if layout is _UPSTREAM_NAMES:
+    if upstream:
         flag = (
             f"decode_graph_eligible=not {phase.removeprefix('bool(').removesuffix(')')}"
         )
@@ -393,7 +354,7 @@ def _draft_prefill_edits(
     ]
     edits = [LineEdit(statement.lineno - 1, statement.end_lineno, "".join(lines))]
     drop_shape = not uses_name(source, SHAPE_COUNT, outside=statement)
-    edits += _import_swap(source, layout, drop_shape=drop_shape, add={DECODE_COUNT})
+    edits += _import_swap(source, upstream, drop_shape, {DECODE_COUNT})
     return source, edits
 
 

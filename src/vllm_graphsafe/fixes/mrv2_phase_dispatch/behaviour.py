@@ -1,18 +1,10 @@
 """Is Model Runner V2's dispatch fixed? Run its steps on the bug's cases.
 
-Two steps pick a graph for a batch that may hold a prompt chunk:
-
-* the target's ``GPUModelRunner.execute_model``, from the top of the step to
-  the CUDA-graph manager's dispatch (the request states as the step's state
-  update left them; the update itself is not run);
-* each speculator's ``propose``, the draft prefill over the target's input
-  batch, to its own manager's dispatch.
-
-The manager is vLLM's, modelled with every decode graph captured: the FULL
-decode graph for a uniform batch of ``decode_query_len`` tokens a request, and
-the FULL varlen decode graphs (0.32 on) for any batch whose stated bound on
-the query length is at most that. It records what the step asks and stops
-it; under data parallelism that is what this rank offers the other ranks.
+The target's ``execute_model`` and each speculator's draft-prefill ``propose``
+run to their CUDA-graph manager's dispatch, which records what the step asks
+and stops it. Every decode graph counts as captured: FULL for a uniform batch
+of ``decode_query_len`` tokens a request, FULL varlen (0.32 on) for a batch
+whose query-length bound is at most that.
 """
 
 from __future__ import annotations
@@ -44,6 +36,7 @@ from vllm_graphsafe.behaviour.judgement import (
 )
 from vllm_graphsafe.behaviour.live import live_instance
 from vllm_graphsafe.behaviour.stand_in import StandIn
+from vllm_graphsafe.judging import imported_class
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
     MRV2_INPUT_BATCH,
@@ -108,8 +101,7 @@ def _dispatch(
 
 
 def graph_manager() -> Fake:
-    """vLLM's ``CudaGraphManager``: its dispatch stops the step with what it
-    was asked."""
+    """vLLM's ``CudaGraphManager``, whose dispatch stops the step."""
     return Fake("CudaGraphManager", dispatch=_dispatch)
 
 
@@ -123,25 +115,16 @@ def _phase_cases(k: int, *, data_parallel: bool) -> list[Case[Step]]:
     ]
     if k:
         named += [(name, off, Step(k, (row,))) for name, row in chunk_rows(k)]
+    decodes = (decode, decode_row(k, 1), decode_row(k, 2))
+    beside_waiting = Step(k, (decode,), unscheduled=(Row(300, 64, 0),))
     named += [
-        (
-            "a pure decode batch of 3 rows",
-            on,
-            Step(k, (decode, decode_row(k, 1), decode_row(k, 2))),
-        ),
-        (
-            "a decode beside an unscheduled prompt",
-            on,
-            Step(k, (decode,), unscheduled=(Row(300, 64, 0),)),
-        ),
+        ("a pure decode batch of 3 rows", on, Step(k, decodes)),
+        ("a decode beside an unscheduled prompt", on, beside_waiting),
     ]
     if data_parallel:
+        prompt_on_rank = f"a {q}-token prompt on a data-parallel rank"
         named += [
-            (
-                f"a {q}-token prompt on a data-parallel rank",
-                off,
-                Step(k, (fresh,), dp_size=2),
-            ),
+            (prompt_on_rank, off, Step(k, (fresh,), dp_size=2)),
             ("a decode on a data-parallel rank", on, Step(k, (decode,), dp_size=2)),
         ]
     return [Case(f"{name} (K={k})", expect, step) for name, expect, step in named]
@@ -179,13 +162,6 @@ def request_states(step: Step) -> Fake:
 
 
 def runner_state(step: Step) -> dict[str, Any]:
-    parallel = Fake(
-        "ParallelConfig",
-        data_parallel_size=step.dp_size,
-        data_parallel_rank=0,
-        tensor_parallel_size=1,
-        pipeline_parallel_size=1,
-    )
     return {
         "decode_query_len": step.k + 1,
         "num_speculative_steps": step.k,
@@ -201,15 +177,19 @@ def runner_state(step: Step) -> dict[str, Any]:
         "ubatch_runner": None,
         "aux_output_connector": None,
         "speculator": None,
-        "parallel_config": parallel,
+        "parallel_config": Fake(
+            "ParallelConfig",
+            data_parallel_size=step.dp_size,
+            data_parallel_rank=0,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+        ),
         "observability_config": Fake("ObservabilityConfig", cudagraph_metrics=False),
         **dict.fromkeys(STATE_UPDATES, lambda *args, **kwargs: None),
     }
 
 
 def draft_batch(step: Step, declared: Iterable[str]) -> Fake:
-    """The target's input batch as the draft prefill gets it, with the phase
-    columns the tree's ``InputBatch`` declares."""
     reqs = step.reqs
     scheduled = np.array([r.scheduled for r in reqs], dtype=np.int32)
     prefilling = np.array([r.computed < r.prompt for r in reqs], dtype=bool)
@@ -285,8 +265,6 @@ def _outcome(case: Case[Step], run: Callable[[], Any]) -> Outcome:
 
 
 class Target(NamedTuple):
-    """The runner and speculators: compiled from source, or the live classes."""
-
     make: Callable[[str, str, dict[str, Any]], Any]
     speculators: list[tuple[str, str]]
     #: The phase columns the draft's fake batch carries.
@@ -357,7 +335,7 @@ def _speculators_in_source(code: SourceCode) -> list[tuple[str, str]]:
     draft the prefill)."""
     found: dict[tuple[str, str], tuple[str, str]] = {}
     for module, owner in MRV2_SPECULATORS:
-        if not code.sources.exists(module) or not code.sources.has_class(module, owner):
+        if not code.sources.has_class(module, owner):
             continue
         defined = code.defining_class(module, owner, DRAFT_STEP)
         if defined is None or defined in found:
@@ -372,7 +350,6 @@ def _speculators_in_source(code: SourceCode) -> list[tuple[str, str]]:
 
 
 def judge_source(sources: SourceReader) -> Evidence:
-    """The cases on MRV2's code compiled from ``sources`` (never imported)."""
     code = shared_code(sources)
     declared = {
         name
@@ -382,24 +359,20 @@ def judge_source(sources: SourceReader) -> Evidence:
     return Target(code.instance, _speculators_in_source(code), declared).judge()
 
 
-def judge_live(
-    runner_class: type,
-    input_batch: type | None,
-    installed: SourceReader,
-    draft: bool = True,
-) -> Evidence:
+def judge_live(draft: bool = True) -> Evidence | None:
     """The target's cases on the imported runner class; the draft prefill's
-    (unless ``draft`` is off) compiled from the installed source (the same
-    files), since the step before its dispatch launches GPU kernels that
-    cannot run here."""
+    (unless ``draft`` is off) compiled from the installed source, as its step
+    launches GPU kernels before the dispatch."""
+    runner_class = imported_class(MRV2_RUNNER, MRV2_RUNNER_CLASS)
+    if runner_class is None:
+        return None
+    input_batch = imported_class(MRV2_INPUT_BATCH, "InputBatch")
+    installed = SourceReader()
+    fields = getattr(input_batch, "__dataclass_fields__", {})
     declared = {
         name
         for name in _PHASE_FIELDS
-        if input_batch is not None
-        and (
-            name in getattr(input_batch, "__dataclass_fields__", {})
-            or hasattr(input_batch, name)
-        )
+        if input_batch is not None and (name in fields or hasattr(input_batch, name))
     }
 
     def make(module: str, owner: str, state: dict[str, Any]) -> Any:

@@ -21,19 +21,8 @@
 # <!-- /generated:facts:mrv2-phase-dispatch -->
 """MRV2: a uniform batch is decode only when no scheduled request is in prefill.
 
-Why it binds there: ``get_uniform_token_count`` is replaced in each calling
-module's namespace, never in ``cudagraph_utils``, so other callers keep the shape
-rule; the callers themselves are replaced only to publish their step (runner and
-scheduler output, or speculator and input batch, plus ``dummy_run``) in a context
-variable that the count reads.
-
-Where the target's input batch carries no phase column (0.20: no
-``InputBatch.is_prefilling_np``), the draft prefill, which runs after the step
-has advanced the request states, takes the answer vLLM itself computed for the
-same batch before the forward: ``RequestState.any_prefills`` is replaced to
-remember its answer per ``idx_mapping_np`` (the array ``prepare_inputs`` also
-stores in the batch), and the draft count looks that answer up by identity.
-"""
+``get_uniform_token_count`` is replaced in each caller's namespace (other callers
+keep the shape rule); the callers publish their step in a context variable."""
 
 from __future__ import annotations
 
@@ -58,12 +47,7 @@ from vllm_graphsafe.fixes.mrv2_phase_dispatch.judge import (
     TARGET_COUNT_ROLE,
     TARGET_STEP_ROLE,
 )
-from vllm_graphsafe.fixes.phase_events import (
-    DUMMY,
-    KEPT_OFF_DECODE,
-    NON_UNIFORM,
-    UNIFORM_DECODE,
-)
+from vllm_graphsafe.fixes.phase_events import PHASE_RULE_EVENTS
 from vllm_graphsafe.fixes.phase_rows import PrefillColumns
 from vllm_graphsafe.forwarding import publishing_method
 from vllm_graphsafe.hook_points import HookPoint, OnFailure, ReplaceHook
@@ -71,13 +55,8 @@ from vllm_graphsafe.judging import Verdict
 
 PATCH_ID = FIX.id
 
-
-# -- the step being classified ------------------------------------------------
-#
-# The replaced execute_model / propose publish their step for the count to
-# read: (runner, scheduler_output, dummy_run) and (speculator, input_batch,
-# dummy_run).
-
+#: What the replaced execute_model / propose publish: (runner, scheduler_output,
+#: dummy_run) or (speculator, input_batch, dummy_run).
 Step = tuple[Any, Any, Any]
 ShapeCount = Callable[[int, int, int], "int | None"]
 #: ``get_uniform_token_count``'s parameters; a release that differs is not patched.
@@ -94,14 +73,6 @@ _DRAFT_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
 def _step_publisher(
     step_var: contextvars.ContextVar[Step | None], argument: str
 ) -> Callable[[Any, OnFailure], Callable[..., Any]]:
-    """Factory of a :class:`ReplaceHook`: the method, publishing its step.
-
-    The replacement declares the method's own parameters
-    (:func:`~vllm_graphsafe.forwarding.publishing_method`); a method whose
-    parameters are not all named is not supported (``TypeError``: the patch
-    binds as ``failed``).
-    """
-
     def bind(method: Callable[..., Any], on_failure: OnFailure) -> Callable[..., Any]:
         receiver = next(iter(inspect.signature(method).parameters), None)
         published = publishing_method(
@@ -121,27 +92,13 @@ def _step_publisher(
     return bind
 
 
-#: ``GPUModelRunner.execute_model``, publishing its step.
 bind_target_step = _step_publisher(_TARGET_STEP, "scheduler_output")
-#: A speculator's ``propose``, publishing its step.
 bind_draft_step = _step_publisher(_DRAFT_STEP, "input_batch")
 
 
-# -- is a scheduled request still in prefill? ----------------------------------
-
-
 def _host(values: Any) -> np.ndarray:
-    """The CPU numpy view of a request-state column (a UVA buffer keeps it in .np)."""
+    """A request-state column's CPU numpy view (a UVA buffer keeps it in .np)."""
     return values.np if hasattr(values, "np") else np.asarray(values)
-
-
-def _kept_host(values: Any) -> np.ndarray | None:
-    """The column's own host array, the same object on every step (a numpy
-    column, or a UVA buffer's ``.np``); None where each read may copy."""
-    if isinstance(values, np.ndarray):
-        return values
-    host = getattr(values, "np", None)
-    return host if isinstance(host, np.ndarray) else None
 
 
 InPrefill = Callable[[Any, Any], bool]
@@ -149,17 +106,11 @@ _any = np.any
 
 
 def target_phase_reader() -> InPrefill:
-    """Whether a request the runner schedules this step is still in prefill.
-
-    Each scheduled request's row is found by its id (``req_id_to_index``) and
-    its two phase columns compared there: the request state upstream's fix
-    and forks' tests build, and nothing else of it, is read. The ids are
-    looked up only where some row of the table is in prefill
-    (:class:`PrefillColumns`); the columns' host arrays are taken once, and
-    again when the runner holds other column objects.
-    """
-    # (computed column, prefill_len column, PrefillColumns over their host
-    # arrays or None), replaced whole.
+    """Whether a request the runner schedules this step is still in prefill:
+    its row (``req_id_to_index``) in the two phase columns, the only request
+    state upstream's fix and forks' tests build."""
+    # (computed column, prefill_len column, their PrefillColumns or None),
+    # replaced whole; made again when the runner holds other column objects.
     kept: list[tuple[Any, Any, PrefillColumns | None]] = [(None, None, None)]
 
     def scheduled_request_in_prefill(runner: Any, scheduler_output: Any) -> bool:
@@ -184,12 +135,14 @@ def target_phase_reader() -> InPrefill:
 
 
 def _prefill_columns(computed: Any, prefill_len: Any) -> PrefillColumns | None:
-    """The two columns' kept host arrays, where both are one-dimensional
-    arrays of one length; None: read them through ``_host`` on each step."""
-    host_computed, host_prefill_len = _kept_host(computed), _kept_host(prefill_len)
+    """Over the columns' own host arrays (a UVA buffer's ``.np``), the same
+    objects on every step; None where they are not 1-D numpy arrays of one
+    length (each read may copy): read them through ``_host`` on each step."""
+    host_computed = getattr(computed, "np", computed)
+    host_prefill_len = getattr(prefill_len, "np", prefill_len)
     if (
-        host_computed is None
-        or host_prefill_len is None
+        not isinstance(host_computed, np.ndarray)
+        or not isinstance(host_prefill_len, np.ndarray)
         or host_computed.ndim != 1
         or host_computed.shape != host_prefill_len.shape
     ):
@@ -198,34 +151,19 @@ def _prefill_columns(computed: Any, prefill_len: Any) -> PrefillColumns | None:
 
 
 def input_batch_in_prefill(speculator: Any, input_batch: Any) -> bool:
-    """Whether a row of the target's input batch was in prefill before this step.
-
-    Reads the first ``num_reqs`` rows of ``is_prefilling_np``, the batch's
-    pre-step ``computed prefill < prefill_len`` per row, which the target's
-    input batch carries from 0.22 through 0.27 (0.20's does not: see
-    :func:`pre_step_phase_reader`).
-    """
+    """Whether a row of the target's input batch was in prefill before this
+    step (``is_prefilling_np``: 0.22 through 0.27)."""
     return bool(_any(input_batch.is_prefilling_np[: input_batch.num_reqs]))
 
 
-# -- the pre-step answer, where the batch carries no phase column (0.20) --------
-
-
 class PreStepAnswers:
-    """What ``RequestState.any_prefills`` answered, by the batch it was asked about.
-
-    ``prepare_inputs`` asks about the step's ``idx_mapping_np`` before the
-    forward and stores that same array in the input batch, so the answer is
-    found again by identity once ``postprocess`` has advanced the request
-    states. The last ``depth`` answers are kept (holding their arrays, whose
-    identity cannot then be reused); a batch not among them is an error that
-    fails the patch open, never a guess.
+    """What ``RequestState.any_prefills`` answered, by the batch it was asked
+    about. The last answers are kept, holding their arrays so that their
+    identity cannot be reused; a batch not among them fails open, never a guess.
     """
 
-    def __init__(self, depth: int = 4) -> None:
-        self._answers: collections.deque[tuple[Any, bool]] = collections.deque(
-            maxlen=depth
-        )
+    def __init__(self) -> None:
+        self._answers: collections.deque[tuple[Any, bool]] = collections.deque(maxlen=4)
         self._lock = threading.Lock()
 
     def remember(self, idx_mapping_np: Any, answer: Any) -> None:
@@ -249,7 +187,6 @@ _PRE_STEP_PARAMETERS = ("self", "idx_mapping_np")
 def bind_pre_step_answers(
     any_prefills: Callable[[Any, Any], Any], on_failure: OnFailure
 ) -> Callable[[Any, Any], Any]:
-    """Factory of a :class:`ReplaceHook`: ``any_prefills``, remembering its answer."""
     parameters = tuple(inspect.signature(any_prefills).parameters)
     if parameters != _PRE_STEP_PARAMETERS:
         raise TypeError(
@@ -271,11 +208,7 @@ def bind_pre_step_answers(
 
 
 def pre_step_phase_reader() -> InPrefill:
-    """Whether a row of the target's input batch was in prefill before this step.
-
-    The answer ``any_prefills`` gave in ``prepare_inputs`` for this batch's
-    ``idx_mapping_np``, before the forward (0.20).
-    """
+    """What ``any_prefills`` answered for this batch before the forward (0.20)."""
     answer_for = PRE_STEP_ANSWERS.answer_for
 
     def batch_was_in_prefill(speculator: Any, input_batch: Any) -> bool:
@@ -284,24 +217,16 @@ def pre_step_phase_reader() -> InPrefill:
     return batch_was_in_prefill
 
 
-# -- the phase-aware count ----------------------------------------------------
-
-
 def _phase_aware_count(
     step_var: contextvars.ContextVar[Step | None],
     phase_reader: Callable[[], InPrefill],
     event_prefix: str,
     reading: str,
 ) -> Callable[[Any, OnFailure], ShapeCount]:
-    """Factory of a :class:`ReplaceHook`: ``get_uniform_token_count`` made phase-aware.
-
-    vLLM's shape count decides first (it is cheap); a uniform count is then
-    withdrawn while the published step holds a request in prefill, as
-    ``phase_reader()`` reads it.
-    """
-    dummy, non_uniform, kept_off, uniform_decode = (
-        event_prefix + event
-        for event in (DUMMY, NON_UNIFORM, KEPT_OFF_DECODE, UNIFORM_DECODE)
+    """``get_uniform_token_count`` made phase-aware: vLLM's cheap shape count
+    decides first; a uniform count is withdrawn while the step is in prefill."""
+    uniform_decode, kept_off, dummy, non_uniform = (
+        event_prefix + event for event in PHASE_RULE_EVENTS
     )
 
     def bind(shape_count: ShapeCount, on_failure: OnFailure) -> ShapeCount:
@@ -345,7 +270,6 @@ def _phase_aware_count(
     return bind
 
 
-#: The runner's count: a scheduled request's state says whether it is in prefill.
 bind_target_count = _phase_aware_count(
     _TARGET_STEP,
     target_phase_reader,
@@ -353,14 +277,12 @@ bind_target_count = _phase_aware_count(
     "GPUModelRunner.req_states (req_id_to_index, num_computed_prefill_tokens, "
     "prefill_len) and scheduler_output.num_scheduled_tokens",
 )
-#: A speculator's draft-prefill count: the target's pre-step phase arrays say it.
 bind_draft_count = _phase_aware_count(
     _DRAFT_STEP,
     lambda: input_batch_in_prefill,
     DRAFT_EVENT_PREFIX,
     "input_batch (num_reqs, is_prefilling_np)",
 )
-#: The same, where the batch has no phase column: vLLM's pre-step answer says it.
 bind_draft_count_pre_step = _phase_aware_count(
     _DRAFT_STEP,
     pre_step_phase_reader,
@@ -370,9 +292,6 @@ bind_draft_count_pre_step = _phase_aware_count(
 
 
 def hook_points(verdict: Verdict) -> list[HookPoint]:
-    """The runner's step and count; each speculator's draft-prefill step and
-    count; where the batch has no phase column (0.20), vLLM's pre-step answer
-    remembered for the draft prefill."""
     draft_count = (
         bind_draft_count_pre_step
         if verdict.layout["pre_step_answers"]

@@ -14,7 +14,6 @@ from vllm_graphsafe.judging import (
     SetsAttribute,
     TakesParameters,
     Verdict,
-    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
@@ -23,7 +22,6 @@ from vllm_graphsafe.vllm_layout import (
     MRV2_INPUT_BATCH,
     MRV2_MULTI_MODULE_MTP_SPECULATOR,
     MRV2_RUNNER,
-    MRV2_RUNNER_CLASS,
     MRV2_SPECULATORS,
     MRV2_STATES,
 )
@@ -80,33 +78,24 @@ DRAFT_PREFILL_DISPATCHERS = (
 )
 
 
-def draft_prefill_dispatchers(sources: SourceReader) -> list[DraftPrefillDispatcher]:
-    return [
-        dispatcher
-        for dispatcher in DRAFT_PREFILL_DISPATCHERS
-        if sources.exists(dispatcher.module)
-        and not (dispatcher.only_without and sources.exists(dispatcher.only_without))
-    ]
-
-
-def batch_lacks_phase_column(sources: SourceReader) -> bool:
-    """The 0.20 layout: no phase column in the input batch, but vLLM's own
-    pre-step question in ``prepare_inputs``. Any other layout is read as one
-    whose batch carries the column (and fails naming it when it does not)."""
-    if sources.sets_attribute(MRV2_INPUT_BATCH, "InputBatch", BATCH_PHASE_COLUMN):
-        return False
-    return sources.calls(MRV2_RUNNER, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
-
-
 def layout(sources: SourceReader) -> dict[str, Any]:
     """``dispatchers``: the speculators' draft-prefill ``propose`` to hook
-    (module, qualname); ``pre_step_answers``: the batch has no phase column
-    and the draft prefill takes vLLM's own pre-step answer (0.20);
-    ``speculators``: the speculator modules this release has."""
-    dispatchers = draft_prefill_dispatchers(sources)
+    (module, qualname); ``pre_step_answers``: the 0.20 layout, whose batch has
+    no phase column and whose ``prepare_inputs`` asks vLLM's own pre-step
+    question (any other layout is read as having the column, and fails naming
+    it when it does not); ``speculators``: this release's speculator modules."""
+    dispatchers = [
+        [d.module, d.propose]
+        for d in DRAFT_PREFILL_DISPATCHERS
+        if sources.exists(d.module)
+        and not (d.only_without and sources.exists(d.only_without))
+    ]
+    pre_step_answers = not sources.sets_attribute(
+        MRV2_INPUT_BATCH, "InputBatch", BATCH_PHASE_COLUMN
+    ) and sources.calls(MRV2_RUNNER, PREPARE_INPUTS, PRE_STEP_QUESTION.split(".")[1])
     return {
-        "dispatchers": [[d.module, d.propose] for d in dispatchers],
-        "pre_step_answers": bool(dispatchers) and batch_lacks_phase_column(sources),
+        "dispatchers": dispatchers,
+        "pre_step_answers": bool(dispatchers) and pre_step_answers,
         "speculators": [m for m, _ in MRV2_SPECULATORS if sources.exists(m)],
     }
 
@@ -151,7 +140,6 @@ def reads(layout: Layout) -> list[Requirement]:
 
 
 def native_reason(sources: SourceReader) -> str | None:
-    """``execute_model`` calls upstream's phase-aware classification."""
     node = sources.function_node(MRV2_RUNNER, RUNNER_STEP)
     if node is None:
         return None
@@ -171,15 +159,9 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live(draft: bool = True) -> Evidence | None:
-    """The target's cases on the imported runner class; the draft prefill's
-    (unless ``draft`` is off) compiled from the installed source."""
-    runner_class = imported_class(MRV2_RUNNER, MRV2_RUNNER_CLASS)
-    if runner_class is None:
-        return None
     from vllm_graphsafe.fixes.mrv2_phase_dispatch.behaviour import judge_live
 
-    input_batch = imported_class(MRV2_INPUT_BATCH, "InputBatch")
-    return judge_live(runner_class, input_batch, SourceReader(), draft=draft)
+    return judge_live(draft)
 
 
 def live_modules(verdict: Verdict | None) -> list[str]:

@@ -1,21 +1,8 @@
-"""replay-guard as a source edit: where it binds, and the code it inserts.
-
-The inserted code is plain vLLM code (no import of this package), in vLLM's
-style, and makes the same decision as the runtime hooks: one helper,
-``graphsafe_attn_metadata_has_prefill``, in ``vllm/compilation/cuda_graph.py``
-(each KV-cache group's ``num_prefills`` read once), used by
-
-- ``CUDAGraphWrapper.__call__``: a FULL replay of a uniform batch descriptor
-  over metadata holding a prefill runs the runnable instead, the forward
-  context in mode NONE for the call;
-- Model Runner V2, where the tree has it: ``graphsafe_leave_decode_graph_for_prefill``
-  in ``gpu/cudagraph_utils.py`` hands back the batch descriptor in mode NONE
-  for such a step, and each step that replays in an ``if`` on the graph mode
-  (``execute_model``, the speculators' ``propose``) rebinds its descriptor
-  through it just before, so the step takes its own eager path.
-
-Every name the edit adds starts with ``graphsafe_`` (and the cache
-``_graphsafe_``): the edit is recognisably this project's.
+"""replay-guard as a source edit: plain vLLM code deciding as the runtime hooks
+do. ``CUDAGraphWrapper.__call__`` runs eagerly a FULL uniform replay over
+metadata holding a prefill; on Model Runner V2 each replay site first rebinds
+its descriptor through ``graphsafe_leave_decode_graph_for_prefill``, taking its
+own eager path. Every added name starts with ``graphsafe_`` (recognisably ours).
 """
 
 from __future__ import annotations
@@ -29,6 +16,7 @@ from vllm_graphsafe.fixes.replay_guard.eager_branch import (
     eager_metadata,
     replay_branch,
 )
+from vllm_graphsafe.fixes.replay_guard.judge import WRAPPER_CALL
 from vllm_graphsafe.tree_edits.imports import rewrite_import
 from vllm_graphsafe.tree_edits.plan import (
     Plan,
@@ -36,11 +24,7 @@ from vllm_graphsafe.tree_edits.plan import (
     render_written_tests,
     written_test_path,
 )
-from vllm_graphsafe.tree_edits.source import (
-    LineEdit,
-    MissingSymbolError,
-    SourceFile,
-)
+from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, SourceFile
 from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import (
     CUDA_GRAPH,
@@ -53,7 +37,6 @@ from vllm_graphsafe.vllm_layout import (
 
 HAS_PREFILL = "graphsafe_attn_metadata_has_prefill"
 LEAVE_DECODE_GRAPH = "graphsafe_leave_decode_graph_for_prefill"
-WRAPPER_CALL = f"{CUDA_GRAPH_WRAPPER_CLASS}.__call__"
 UNIFORM_FLAGS = ("uniform", "uniform_decode")
 
 _HAS_PREFILL_HELPER = '''\
@@ -196,7 +179,6 @@ def _wrapper_edits(source: SourceFile, flag: str) -> list[LineEdit]:
 
 
 def _require_bindings(source: SourceFile) -> None:
-    """The names the inserted code uses that the module must bind."""
     for name in ("CUDAGraphMode", "logger", "Any"):
         if not recognition.module_binds(source.tree, name):
             raise MissingSymbolError(f"{name} in {source.relpath}")
@@ -223,7 +205,7 @@ def _mode_mismatch_return(call: recognition.FunctionNode) -> ast.If:
 
 def _mrv2(tree: Tree, plan: Plan) -> int:
     """The helper in MRV2's graph utilities, and every replay site rebinding
-    its descriptor through it; the number of sites."""
+    its descriptor through it; returns the number of sites."""
     utilities = tree.require(MRV2_CUDAGRAPH_UTILS)
     descriptor = utilities.require_class(
         "BatchExecutionDescriptor", ("cg_mode", "uniform_token_count")
@@ -279,10 +261,7 @@ def _rebind_edits(source: SourceFile) -> list[LineEdit]:
         branch = replay_branch(node)
         if branch is None:
             continue
-        metadata = eager_metadata(
-            branch.node.orelse,
-            recognition.assigned_names(node),
-        )
+        metadata = eager_metadata(branch.node.orelse, recognition.assigned_names(node))
         if metadata is None:
             continue
         line = branch.node.lineno - 1

@@ -1,17 +1,9 @@
 """Is a FULL decode graph's replay guarded? Run the wrapper's call on the cases.
 
-``CUDAGraphWrapper.__call__`` (compiled from the tree, never imported) is
-called as a FULL wrapper whose graph for the step's batch descriptor is
-already captured, in a forward context asking for FULL, with attention
-metadata as the builders classified the step's rows. The question: does it
-replay the graph, or run its runnable without it? A step holding a prefill
-row under a uniform (decode) descriptor must not replay; a decode step must,
-and so must a FULL graph captured for mixed batches (its descriptor is not a
-decode graph's).
-
-Model Runner V2 replays inline, deep in its step's forward, where its
-replay sites cannot be run on fakes: where it exists, those sites are read
-(the evidence says so), and a tree is native only where both hold.
+A step holding a prefill row under a uniform (decode) descriptor must not
+replay the FULL graph; a decode step must, and so must a FULL graph captured
+for mixed batches. Model Runner V2's replay sites cannot run on fakes:
+:mod:`.judge` reads them.
 """
 
 from __future__ import annotations
@@ -68,23 +60,13 @@ def cases() -> list[Case[Replay]]:
     ]
 
 
-class Graph:
-    """A captured CUDA graph: records its replays."""
-
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-
-
-def _metadata(groups: tuple[int, ...], per_group: int = 3) -> dict[str, Any]:
-    """One microbatch's layer -> metadata (the layers of a group share one)."""
+def _metadata(groups: tuple[int, ...]) -> dict[str, Any]:
+    """One microbatch's layer -> metadata (the 3 layers of a group share one)."""
     layers: dict[str, Any] = {}
     for group, prefills in enumerate(groups):
         shared = Fake("AttentionMetadata", num_prefills=prefills, num_decodes=2)
-        for layer in range(per_group):
-            layers[f"model.layers.{group * per_group + layer}.attn"] = shared
+        for layer in range(3 * group, 3 * group + 3):
+            layers[f"model.layers.{layer}.attn"] = shared
     return layers
 
 
@@ -92,22 +74,15 @@ class Target(NamedTuple):
     make: Callable[[dict[str, Any]], Any]
     modes: Any
     descriptor_type: Any
-    #: ``CUDAGraphWrapper.__call__``, run on the wrapper ``make`` builds.
     call: Any
 
     def run(self, case: Case[Replay]) -> Outcome:
         full = member(self.modes, "FULL")
-        batch = descriptor(
-            self.descriptor_type, num_tokens=8, num_reqs=2, uniform=case.step.uniform
-        )
+        uniform, sizes = case.step.uniform, {"num_tokens": 8, "num_reqs": 2}
+        batch = descriptor(self.descriptor_type, **sizes, uniform=uniform)
         if hasattr(batch, "uniform_decode") and not hasattr(batch, "uniform"):
-            batch = descriptor(
-                self.descriptor_type,
-                num_tokens=8,
-                num_reqs=2,
-                uniform_decode=case.step.uniform,
-            )
-        graph = Graph()
+            batch = descriptor(self.descriptor_type, **sizes, uniform_decode=uniform)
+        replays: list[bool] = []
         eager: list[bool] = []
 
         def runnable(*args: Any, **kwargs: Any) -> str:
@@ -124,7 +99,7 @@ class Target(NamedTuple):
         entry = Fake(
             "CUDAGraphEntry",
             batch_descriptor=batch,
-            cudagraph=graph,
+            cudagraph=Fake("CUDAGraph", replay=lambda: replays.append(True)),
             output="replayed",
             input_addresses=None,
         )
@@ -145,7 +120,7 @@ class Target(NamedTuple):
             self.call(wrapper)
         finally:
             FORWARD_CONTEXT_SLOT[0] = None
-        replayed = bool(graph.replays)
+        replayed = bool(replays)
         if replayed == bool(eager):
             raise CannotRun("the wrapper neither replayed its graph nor ran eagerly")
         said = "replayed the FULL graph" if replayed else "ran without the FULL graph"

@@ -1,25 +1,25 @@
-"""What the replay guard's V1 hook and its Model Runner V2 hooks share: the
-warning logged once per process."""
+"""The replay guard's warning, logged once per process (V1 and MRV2 hooks)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from typing import Any
 
 from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX
+from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 
 logger = logging.getLogger("vllm.graphsafe")
 
 
 class OnceWarning:
-    """Logs the first step the guard ran without the graph, once per process."""
-
     def __init__(self) -> None:
         self._done = False
         self._lock = threading.Lock()
 
-    def __call__(self, where: str, shape: Callable[[], str]) -> None:
+    def __call__(
+        self, where: str, reader: GroupPrefills, descriptor: Any, metadata: Any
+    ) -> None:
         if self._done:
             return
         with self._lock:
@@ -33,7 +33,11 @@ class OnceWarning:
             'graphsafe_dispatch_decisions_total{patch="%s",decision="%s"}; this '
             "message is logged once per process.",
             where,
-            shape(),
+            describe_step(
+                getattr(descriptor, "num_tokens", None),
+                getattr(descriptor, "num_reqs", None),
+                reader.prefill_counts(metadata),
+            ),
             FIX.id,
             FELL_BACK,
         )

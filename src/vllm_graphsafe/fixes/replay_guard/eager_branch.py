@@ -1,32 +1,10 @@
 """Model Runner V2's own eager path, taken where it replayed a FULL graph.
 
-MRV2 replays a FULL graph from the step itself: its ``execute_model`` (and a
-speculator's ``propose``) reads
-
-    if batch_desc.cg_mode == CUDAGraphMode.FULL:
-        ...
-        model_output = self.cudagraph_manager.run_fullgraph(batch_desc)
-    else:
-        <vLLM's eager and PIECEWISE path>
-
-so the guard, inside ``run_fullgraph``, cannot hand the step back to the
-caller's ``else``. It runs that ``else`` instead: :func:`site_of` reads the
-calling function's source once (by its code object), finds the branch around
-the ``run_fullgraph`` call, and compiles its ``else`` statements as a function
-of the caller's locals, with vLLM's file and line numbers and the caller's
-module globals. The guard calls it with the caller's locals and the batch
-descriptor replaced by a copy in mode NONE, so vLLM's own code builds the
-forward context, runs the model eagerly and assigns what the ``FULL`` branch
-would have (``model_output``). Calls the ``FULL`` branch already made before
-the replay (``kv_connector.pre_forward``) are left out of the ``else``, so
-nothing runs twice.
-
-The attention metadata the guard reads is the one that ``else`` hands to
-vLLM's eager path (:func:`eager_metadata`): the step's ``attn_metadata`` where
-the replay is the step's own or a draft prefill over the step's rows, the
-drafter's own metadata where a speculator builds one for its graph (DFlash's
-``draft_attn_metadata``, the standalone drafter's ``prefill_attn_md``), never
-the target step's metadata a speculator was handed.
+MRV2 replays in ``if batch_desc.cg_mode == CUDAGraphMode.FULL: ...
+run_fullgraph(batch_desc)``, its eager path in the ``else``, which the guard,
+inside ``run_fullgraph``, cannot return to: :func:`site_of` compiles that
+``else`` from the caller's source as a function of its locals. Calls the FULL
+branch made before the replay (``kv_connector.pre_forward``) are dropped from it.
 """
 
 from __future__ import annotations
@@ -43,9 +21,7 @@ from typing import Any
 
 from vllm_graphsafe.recognition import called_name
 
-#: The replay call the branch is found by.
 REPLAY = "run_fullgraph"
-#: The graph mode attribute the branch tests, and the value it tests for.
 MODE_ATTRIBUTE = "cg_mode"
 FULL = "FULL"
 #: The local holding the step's attention metadata, in a runner's step.
@@ -57,26 +33,22 @@ _METADATA_NAME = re.compile(r"(?:^|_)attn_(?:metadata|md)$")
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-    """A function that replays a FULL graph in an ``if`` whose ``else`` is
-    vLLM's eager path."""
+    """Where a FULL graph replays in an ``if`` whose ``else`` is vLLM's eager path."""
 
-    #: The caller's name (``execute_model``, ``propose``).
     function: str
     #: The local holding the batch descriptor the branch tests (``batch_desc``).
     descriptor: str
     #: The local the ``FULL`` branch assigns the replay's result to, if any.
     output: str | None
-    #: The ``else`` statements as a function of the caller's locals, returning
-    #: its locals after them.
+    #: The ``else`` statements as a function of the caller's locals (``inputs``),
+    #: returning its locals after them.
     eager: Callable[..., dict[str, Any]]
-    #: The caller's locals that function takes.
     inputs: tuple[str, ...]
     #: The caller's local holding the attention metadata the ``else`` runs on.
     metadata: str = METADATA_LOCAL
 
     def run_eagerly(self, caller_locals: Mapping[str, Any], descriptor: Any) -> Any:
-        """The ``else`` path on the caller's locals, ``descriptor`` standing
-        for the branch's batch descriptor; what the replay would have returned."""
+        """What the replay would have returned, from the ``else`` path."""
         arguments = {name: caller_locals[name] for name in self.inputs}
         arguments[self.descriptor] = descriptor
         after = self.eager(**arguments)
@@ -84,12 +56,10 @@ class Site:
 
 
 class NotASite(LookupError):
-    """The function does not replay a FULL graph in such a branch."""
+    pass
 
 
 def site_of(code: types.CodeType, module_globals: dict[str, Any]) -> Site:
-    """The replay site of the function whose code is ``code``; ``NotASite``
-    where it has none (or its source cannot be read)."""
     try:
         source = inspect.getsource(code)
     except (OSError, TypeError) as error:
@@ -125,8 +95,7 @@ def site_of(code: types.CodeType, module_globals: dict[str, Any]) -> Site:
 
 
 def eager_metadata(statements: list[ast.stmt], local_names: set[str]) -> str | None:
-    """The one local of attention metadata the ``else`` statements read (what
-    the replayed graph stands for), or None where they read none or several."""
+    """The one attention-metadata local the statements read (None: none or several)."""
     found = {
         name
         for name in _names(statements, ast.Load) & local_names
@@ -168,7 +137,6 @@ def replay_branch(function: ast.AST) -> Branch | None:
 
 
 def _tested_descriptor(test: ast.expr) -> str | None:
-    """``desc`` in ``desc.cg_mode == <...>.FULL``."""
     if not (
         isinstance(test, ast.Compare)
         and len(test.ops) == 1
@@ -186,8 +154,7 @@ def _tested_descriptor(test: ast.expr) -> str | None:
 def _replay_of(
     statement: ast.stmt, descriptor: str
 ) -> tuple[ast.Call, str | None] | None:
-    """The replay call in ``statement`` (``x = m.run_fullgraph(desc)`` or the
-    bare call), with the name it assigns."""
+    """``x = m.run_fullgraph(desc)`` or the bare call, with the name it assigns."""
     value: ast.expr | None = None
     output: str | None = None
     if isinstance(statement, ast.Expr):
@@ -225,7 +192,6 @@ def _without_calls(statements: list[ast.stmt], names: frozenset[str]) -> list[as
 
 
 def _names(statements: list[ast.stmt], context: type[ast.expr_context]) -> set[str]:
-    """The names ``statements`` load (``ast.Load``) or store (``ast.Store``)."""
     return {
         node.id
         for statement in statements

@@ -24,21 +24,10 @@
 # (made from the facts in this folder's __init__.py by
 # `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
 # <!-- /generated:facts:replay-guard -->
-"""The replay guard's runtime form: read the step's metadata where a FULL decode
-graph is about to replay, and run a step holding a prefill without the graph.
+"""The replay guard at ``CUDAGraphWrapper.__call__`` (V1; MRV2: :mod:`.mrv2`).
 
-V1 (and any FULL ``CUDAGraphWrapper``): ``CUDAGraphWrapper.__call__`` is
-replaced. A PIECEWISE wrapper goes straight to vLLM's method (one identity
-test). A FULL wrapper whose forward context asks for FULL with a uniform batch
-descriptor (a decode graph) reads each KV-cache group's ``num_prefills`` once;
-with a prefill there, it runs its runnable itself with the forward context's
-mode set to NONE for the call, so the PIECEWISE wrappers inside run eagerly too
-and layers that branch on FULL take their eager path, exactly as vLLM runs a
-step it has no graph for. The inputs are the padded ones the runner handed the
-graph, so tensor-, data- and expert-parallel collectives keep their shapes.
-
-Model Runner V2 replays its graphs itself (:mod:`.mrv2`).
-"""
+The step runs the wrapper's runnable with the padded inputs, so TP/DP/EP
+collectives keep their shapes."""
 
 from __future__ import annotations
 
@@ -56,7 +45,7 @@ from vllm_graphsafe.fixes.replay_guard.judge import (
     WRAPPER_CALL,
     WRAPPER_ROLE,
 )
-from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
+from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills
 from vllm_graphsafe.hook_points import Factory, HookPoint, OnFailure, ReplaceHook
 from vllm_graphsafe.judging import Verdict
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, FORWARD_CONTEXT, load_name
@@ -71,7 +60,6 @@ _READING = (
 
 
 def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
-    """Factory of a :class:`ReplaceHook`: ``CUDAGraphWrapper.__call__``, guarded."""
     parameters = list(inspect.signature(original).parameters.values())
     kinds = [parameter.kind for parameter in parameters]
     if kinds != [
@@ -116,7 +104,9 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
                         count(FELL_BACK)
                         WARN_ONCE(
                             "a FULL decode CUDA graph",
-                            functools.partial(_shape, reader, step),
+                            reader,
+                            descriptor,
+                            step.attn_metadata,
                         )
                     else:
                         count(REPLAYED)
@@ -136,18 +126,7 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
     return guarded_call
 
 
-def _shape(reader: GroupPrefills, context: Any) -> str:
-    descriptor = context.batch_descriptor
-    return describe_step(
-        getattr(descriptor, "num_tokens", None),
-        getattr(descriptor, "num_reqs", None),
-        reader.prefill_counts(context.attn_metadata),
-    )
-
-
 def hook_points(verdict: Verdict) -> list[HookPoint]:
-    """Every FULL ``CUDAGraphWrapper``'s call; where Model Runner V2 exists,
-    its managers' replays (:mod:`.mrv2`)."""
     from vllm_graphsafe.fixes.replay_guard import mrv2
 
     factories: dict[str, Factory] = {

@@ -31,7 +31,6 @@ REPLAY_ROLE = "guarded replay"
 
 
 def stores_attribute(node: ast.AST, attribute: str) -> bool:
-    """Whether code inside ``node`` assigns to some ``<x>.<attribute>``."""
     return any(
         isinstance(target, ast.Attribute) and target.attr == attribute
         for child in recognition.walk(node)
@@ -74,9 +73,8 @@ class ReplaysInBranch(NamedTuple):
         node = sources.function_node(self.module, self.qualname)
         if node is None:
             return f"{self.module}.{self.qualname} is missing (read by {REPLAY})"
-        if replay_branch(
-            node
-        ) is None or METADATA_LOCAL not in recognition.assigned_names(node):
+        branch = replay_branch(node)
+        if branch is None or METADATA_LOCAL not in recognition.assigned_names(node):
             return (
                 f"{self.module}.{self.qualname} no longer replays its FULL graph "
                 f"in an if/else on the graph mode beside {METADATA_LOCAL} "
@@ -138,16 +136,11 @@ def mrv2_native_reason(sources: SourceReader) -> str | None:
 
 
 def native_reason(sources: SourceReader) -> str | None:
-    """vLLM's own FULL replay runs a step holding a prefill without the graph.
-
-    No release does: an assert or a raise at the replay (as discussed in
-    vllm-project/vllm#55123) stops the server and is not this fix. Native only
-    where ``CUDAGraphWrapper.__call__`` switches the forward context's mode
-    (to run its runnable without the graph) and reads the builders'
-    ``num_prefills`` (itself or through a function of its module), and, where
-    Model Runner V2 exists, its step does the same (:func:`mrv2_native_reason`).
-    When unsure: needed.
-    """
+    """Native only where ``CUDAGraphWrapper.__call__`` switches the forward
+    context's mode and reads the builders' ``num_prefills``, and Model Runner
+    V2's step (where it exists) does the same. No release does: an assert or a
+    raise at the replay (vllm-project/vllm#55123) stops the server and is not
+    this fix."""
     call = sources.function_node(CUDA_GRAPH, WRAPPER_CALL)
     if call is None or not stores_attribute(call, "cudagraph_runtime_mode"):
         return None
@@ -162,9 +155,8 @@ def native_reason(sources: SourceReader) -> str | None:
 
 
 def behaviour(sources: SourceReader) -> Evidence:
-    """The cases on the tree's ``CUDAGraphWrapper.__call__``; where the tree has
-    Model Runner V2 and the wrapper passes every case, its replay sites are
-    read as well (they cannot run on fakes)."""
+    """The wrapper's cases; Model Runner V2's replay sites, which cannot run
+    on fakes, are read where the wrapper passes them all."""
     from vllm_graphsafe.fixes.replay_guard.behaviour import judge_source
 
     evidence = judge_source(sources)

@@ -1,18 +1,8 @@
 """Which KV-cache groups of a step's attention metadata hold a prefill row.
 
-vLLM's runners build one metadata object per attention group (each KV-cache
-group has one or more) and hand every layer of the group that same object, in
-a dict from layer name to metadata (a list of such dicts under microbatching).
-Builders that run prefill and decode rows differently count their rows
-(``num_prefills``, beside decode and speculative-decode counts); those that do
-not (FlashAttention's varlen kernel, vLLM's CPU attention) have no such count
-and are not read.
-
-:class:`GroupPrefills` learns, from the first step it sees, one layer per
-metadata object that counts its prefills, and on every later step reads exactly
-those: one lookup and one comparison per group. A count is a host integer the
-builder computed, so reading it never synchronises with the GPU. Standard
-library only.
+Every layer of an attention group shares one metadata object; builders that run
+prefill rows differently count them in a host integer (``num_prefills``, no GPU
+synchronisation), others (FlashAttention's varlen, CPU attention) are not read.
 """
 
 from __future__ import annotations
@@ -24,8 +14,7 @@ AttentionMetadata = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
 def counting_layers(per_layer: Mapping[str, Any]) -> tuple[str, ...]:
-    """One layer name per distinct metadata object that counts its prefill rows
-    as a host integer (``num_prefills``), in the mapping's order."""
+    """One layer name per distinct metadata object with an int ``num_prefills``."""
     seen: set[int] = set()
     layers: list[str] = []
     for name, metadata in per_layer.items():
@@ -38,16 +27,12 @@ def counting_layers(per_layer: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 class GroupPrefills:
-    """Reads, for one caller (a graph wrapper, a runner), whether a step's
-    attention metadata holds a prefill row in any group."""
-
     def __init__(self) -> None:
         self._layers: tuple[str, ...] = ()
         #: The size of the mapping the layers were learned from (-1: none yet).
         self._size = -1
 
     def holds_prefill(self, metadata: AttentionMetadata) -> bool:
-        """Whether some group's builder counted a prefill row this step."""
         if type(metadata) is dict:
             return self._in(metadata)
         if metadata is None:
@@ -75,8 +60,7 @@ class GroupPrefills:
         self._size = len(per_layer)
 
     def prefill_counts(self, metadata: AttentionMetadata) -> dict[str, int]:
-        """For the warning: each counting group's prefill rows, by its first
-        layer (off the per-step path)."""
+        """For the warning: each counting group's prefill rows, by its first layer."""
         if metadata is None:
             return {}
         mappings = [metadata] if isinstance(metadata, Mapping) else list(metadata)
@@ -92,7 +76,6 @@ class GroupPrefills:
 def describe_step(
     num_tokens: int | None, num_reqs: int | None, prefills: Mapping[str, int]
 ) -> str:
-    """The step's shape, for the one warning a process logs."""
     groups = ", ".join(f"{layer}: {count}" for layer, count in prefills.items())
     return (
         f"num_tokens={num_tokens}, num_reqs={num_reqs}, prefill rows per "

@@ -1,26 +1,10 @@
 """The replay guard in Model Runner V2, which replays its FULL graphs itself.
 
-``execute_model`` replays the target's graph through
-``ModelCudaGraphManager.run_fullgraph(batch_desc)``; a speculator's ``propose``
-replays its draft graphs through ``CudaGraphManager.run_fullgraph``. Both are
-replaced. Where the graph is a decode graph (the descriptor has a uniform token
-count, or the max query length of a varlen decode graph) and its caller is a
-replay site (:mod:`.eager_branch`: the replay sits in an ``if`` on the graph
-mode whose ``else`` is vLLM's eager path), the attention metadata that ``else``
-runs on is read from the caller, one ``num_prefills`` per KV-cache group: the
-step's ``attn_metadata`` in ``execute_model`` and a draft prefill, the
-drafter's own metadata where it builds one for its graph (a draft decode step,
-DFlash's query). A group holding a prefill: the caller's ``else`` runs instead
-of the replay, with the batch descriptor in mode NONE, and its result is what
-the replay would have returned. A replay outside such a branch (a fused draft
-decode whose FULL branch returns before any metadata exists, DFlash's query
-graph behind a flag) replays as vLLM does: a speculator's graph there runs on
-metadata the speculator builds for decode rows only.
-
-The caller's locals are read from its frame: about a microsecond per replayed
-decode step on a 2-core host (docs/benchmarks.md), and the one place the guard
-needs them; MRV2 hands its metadata to nothing the guard could hook between
-building it and replaying.
+A decode graph's replay from a replay site (:mod:`.eager_branch`) over metadata
+with a prefill runs the caller's eager ``else`` instead. Other replays (a fused
+draft decode, DFlash's query graph) run on decode-only metadata. The caller's
+locals are read from its frame (about 1 µs per replay, docs/benchmarks.md):
+MRV2 hands its metadata to nothing hookable before replaying.
 """
 
 from __future__ import annotations
@@ -42,7 +26,7 @@ from vllm_graphsafe.fixes.replay_guard import (
 )
 from vllm_graphsafe.fixes.replay_guard.common import WARN_ONCE
 from vllm_graphsafe.fixes.replay_guard.judge import REPLAY, RUNNER_STEP
-from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
+from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills
 from vllm_graphsafe.hook_points import OnFailure
 from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, load_name
 
@@ -59,27 +43,15 @@ _NOT_A_SITE = object()
 METADATA_LOCAL = "attn_metadata"
 
 
-def is_decode_graph(descriptor: Any) -> bool:
-    """A FULL graph captured for decode rows only: a uniform token count, or
-    the query-length bound of a varlen decode graph. Mixed FULL graphs
-    (neither) were captured for prefills and replay them as they are."""
-    return (
-        getattr(descriptor, "uniform_token_count", None) is not None
-        or getattr(descriptor, "max_query_len", None) is not None
-    )
-
-
 class NotAReplaySite(LookupError):
-    """The target's replay was called from a step the guard cannot read."""
+    pass
 
 
 def bind_guarded_replay(
     original: Any, on_failure: OnFailure, *, require_site: bool = False
 ) -> Any:
-    """Factory of a :class:`ReplaceHook`: a manager's ``run_fullgraph``, guarded.
-
-    With ``require_site`` (the target's), a caller that is no replay site
-    fails the guard visibly (state ``failed``, one warning) instead of
+    """Factory of a :class:`ReplaceHook`. With ``require_site`` (the target's),
+    a caller that is no replay site fails the guard visibly instead of
     replaying unguarded in silence."""
     parameters = tuple(inspect.signature(original).parameters)
     if len(parameters) != 2:
@@ -94,7 +66,12 @@ def bind_guarded_replay(
     def guarded_run_fullgraph(self: Any, desc: Any) -> Any:
         fallback: Callable[[], Any] | None = None
         try:
-            if is_decode_graph(desc):
+            # A decode graph: a uniform token count, or a varlen decode graph's
+            # query-length bound (mixed FULL graphs replay as they are).
+            if (
+                getattr(desc, "uniform_token_count", None) is not None
+                or getattr(desc, "max_query_len", None) is not None
+            ):
                 frame = getframe(1)
                 code = frame.f_code
                 site = sites.get(code, _NOT_A_SITE)
@@ -126,7 +103,9 @@ def bind_guarded_replay(
                             if site.function == TARGET_SITE
                             else "a FULL draft CUDA graph of the speculator "
                             f"({site.function})",
-                            functools.partial(_shape, reader, desc, metadata),
+                            reader,
+                            desc,
+                            metadata,
                         )
                         fallback = functools.partial(
                             site.run_eagerly,
@@ -144,11 +123,3 @@ def bind_guarded_replay(
         return fallback()
 
     return guarded_run_fullgraph
-
-
-def _shape(reader: GroupPrefills, desc: Any, metadata: Any) -> str:
-    return describe_step(
-        getattr(desc, "num_tokens", None),
-        getattr(desc, "num_reqs", None),
-        reader.prefill_counts(metadata),
-    )

@@ -1,8 +1,5 @@
-"""v1-dummy-staging as a source edit: where it binds, and the code it inserts.
-
-The inserted code is plain vLLM code (no import of this package), in vLLM's
-style, and stages what the runtime hooks in ``hooks`` stage.
-"""
+"""v1-dummy-staging as a source edit: plain vLLM code staging what the runtime
+hooks stage."""
 
 from __future__ import annotations
 
@@ -132,9 +129,7 @@ def plan(tree: Tree) -> Plan:
     dummy = runner.function(owner)
     if "num_scheduled_tokens" not in recognition.assigned_names(dummy):
         raise MissingSymbolError(f"local num_scheduled_tokens of {owner}")
-    if not recognition.module_binds(runner.tree, "np") or not recognition.module_binds(
-        runner.tree, "torch"
-    ):
+    if not all(recognition.module_binds(runner.tree, name) for name in ("np", "torch")):
         raise MissingSymbolError(f"the numpy/torch imports of {V1_RUNNER}")
     build = statement_calling(dummy, "_build_attention_metadata")
     if build is None:

@@ -1,13 +1,5 @@
 """Is the V1 dummy metadata consistent? Run ``_dummy_run`` up to the metadata.
 
-The runner's own ``_dummy_run`` runs on a fake runner until it builds the
-attention metadata; there the staged buffers are read and the run stops:
-
-* each request's ``seq_len == computed + scheduled`` and ``computed >= 0``;
-* each token's ``position == computed[its request] + its query position``;
-* the CPU and device sequence lengths agree;
-* padded request rows hold zero lengths, padded tokens position zero.
-
 The cases are vllm-project/vllm#54604's: profiling lengths 1, 4 and 4096 over
 four scheduled tokens, padded batches, a ragged uniform-decode capture. The
 buffers are torch tensors, as vLLM's are: without torch the cases cannot run.
@@ -32,6 +24,7 @@ from vllm_graphsafe.behaviour.judgement import (
     judge_cases,
 )
 from vllm_graphsafe.behaviour.live import live_runner
+from vllm_graphsafe.judging import imported_class
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER, V1_RUNNER_CLASS
 
@@ -61,44 +54,26 @@ class DummyRun(NamedTuple):
 
 
 def cases() -> list[Case[DummyRun]]:
-    holds = Expect.HOLDS
-    found: list[Case[DummyRun]] = [
-        Case(
-            f"a dummy run of 4 tokens profiling length {length}",
-            holds,
-            DummyRun(
-                4, 1, options=(("force_attention", True), ("profile_seq_lens", length))
-            ),
+    attention = ("force_attention", True)
+    runs = {
+        f"a dummy run of 4 tokens profiling length {length}": DummyRun(
+            4, 1, options=(attention, ("profile_seq_lens", length))
         )
         for length in (1, 4, 4096)
-    ]
-    found += [
-        Case(
-            f"a padded dummy run of {tokens} tokens",
-            holds,
-            DummyRun(
-                tokens,
-                4,
-                pad_reqs_to=min(tokens, 4) + 2,
-                pad_tokens_to=tokens + 5,
-                options=(("force_attention", True), ("profile_seq_lens", 64)),
-            ),
+    }
+    for tokens in (3, 8):
+        runs[f"a padded dummy run of {tokens} tokens"] = DummyRun(
+            tokens,
+            4,
+            pad_reqs_to=min(tokens, 4) + 2,
+            pad_tokens_to=tokens + 5,
+            options=(attention, ("profile_seq_lens", 64)),
         )
-        for tokens in (3, 8)
-    ]
-    found.append(
-        Case(
-            "a uniform-decode capture of 11 tokens (K=3)",
-            holds,
-            DummyRun(
-                11,
-                8,
-                decode_query_len=4,
-                options=(("uniform_decode", True), ("profile_seq_lens", 300)),
-            ),
-        )
+    uniform = (("uniform_decode", True), ("profile_seq_lens", 300))
+    runs["a uniform-decode capture of 11 tokens (K=3)"] = DummyRun(
+        11, 8, decode_query_len=4, options=uniform
     )
-    return found
+    return [Case(name, Expect.HOLDS, run) for name, run in runs.items()]
 
 
 class StopDummyRun(Exception):
@@ -138,7 +113,6 @@ def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, A
         num_computed_tokens_cpu=computed,
         block_table=Fake("MultiGroupBlockTable", block_tables=[]),
     )
-    state: dict[str, Any] = {}
 
     def determine(*args: Any, **kwargs: Any) -> Any:
         num_reqs = kwargs.get("num_reqs", args[1] if len(args) > 1 else 1)
@@ -156,7 +130,7 @@ def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, A
                 "seq_lens_cpu": optimistic.numpy().copy(),
                 "seq_lens_device": seq_lens.numpy().copy(),
                 "positions": positions.numpy().copy(),
-                "num_computed": np.array(state["input_batch"].num_computed_tokens_cpu),
+                "num_computed": np.array(batch.num_computed_tokens_cpu),
                 "query_start_loc": query_start_loc.np.copy(),
             }
         )
@@ -165,7 +139,7 @@ def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, A
         raise CannotRun("the dummy run went on without building attention metadata")
 
     parallel = Fake("ParallelConfig", cp_kv_cache_interleave_size=4, num_ubatches=2)
-    state.update(
+    return dict(
         vllm_config=Fake(
             "VllmConfig",
             model_config=Fake("ModelConfig", multimodal_config=None),
@@ -194,16 +168,17 @@ def runner_state(run: DummyRun, modes: Any, descriptor_type: Any) -> dict[str, A
         maybe_dummy_run_with_lora=stop,
         **{BUILD_METADATA: build},
     )
-    return state
 
 
-def _arrays_agree(
-    snapshot: dict[str, Any],
-    num_reqs: int,
-    padded_reqs: int = 0,
-    padded_tokens: int = 0,
-) -> str | None:
-    """The first invariant the staged buffers break, in words; None: all hold."""
+def _arrays_agree(snapshot: dict[str, Any], run: DummyRun) -> str | None:
+    """The first invariant the staged buffers break, in words (None: all hold):
+    each request's ``seq_len == computed + scheduled`` and ``computed >= 0``;
+    each token's ``position == computed[its request] + its query position``;
+    the CPU and device sequence lengths agree; padded request rows hold zero
+    lengths, padded tokens position zero."""
+    num_reqs = run.num_reqs
+    padded_reqs = (run.pad_reqs_to or num_reqs) - num_reqs
+    padded_tokens = (run.pad_tokens_to or run.num_tokens) - run.num_tokens
     start = snapshot["query_start_loc"]
     scheduled = np.diff(start[: num_reqs + 1]).astype(np.int64)
     seq_lens = snapshot["seq_lens_cpu"][:num_reqs].astype(np.int64)
@@ -249,12 +224,7 @@ class Target(NamedTuple):
         try:
             dummy_run(case.step.num_tokens, **dict(case.step.options))
         except StopDummyRun as stopped:
-            step = case.step
-            padded_tokens = (step.pad_tokens_to or step.num_tokens) - step.num_tokens
-            padded_reqs = (step.pad_reqs_to or step.num_reqs) - step.num_reqs
-            broken = _arrays_agree(
-                stopped.snapshot, step.num_reqs, padded_reqs, padded_tokens
-            )
+            broken = _arrays_agree(stopped.snapshot, case.step)
             return Outcome(broken is None, broken or "staged consistent metadata")
         raise CannotRun("the dummy run ended before it built attention metadata")
 
@@ -264,5 +234,8 @@ def judge_source(sources: SourceReader) -> Evidence:
     return judge_cases(cases(), target.run)
 
 
-def judge_live(runner_class: type) -> Evidence:
+def judge_live() -> Evidence | None:
+    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
+    if runner_class is None:
+        return None
     return judge_cases(cases(), Target(*live_runner(runner_class, {})).run)

@@ -51,11 +51,8 @@ _BUFFERS = (
 
 
 class _StagedQueryPos:
-    """Hands the DCP helper ``positions - context`` as its query positions.
-
-    The helper writes ``query_pos + context`` into positions and maps slots
-    from them; with this view it writes back exactly the staged positions.
-    """
+    """``positions - context`` as the DCP helper's query positions: it writes
+    ``query_pos + context`` back, exactly the staged positions."""
 
     def __init__(self, positions: Any, context_len: int, num_tokens: int) -> None:
         self.gpu = positions[:num_tokens] - context_len
@@ -80,12 +77,8 @@ def stage_runner_dummy_batch(
         num_reqs_padded=seq_lens_cpu.shape[0],
         num_tokens_padded=num_tokens,
     )
-    saved = (
-        seq_lens_cpu.clone(),
-        seq_lens_device.clone(),
-        computed.copy(),
-        positions.clone(),
-    )
+    saved_cpu, saved_device = seq_lens_cpu.clone(), seq_lens_device.clone()
+    saved_computed, saved_positions = computed.copy(), positions.clone()
     try:
         seq_lens_cpu.copy_(torch.from_numpy(staged.seq_lens))
         seq_lens_device.copy_(seq_lens_cpu, non_blocking=True)
@@ -97,22 +90,19 @@ def stage_runner_dummy_batch(
         )
         positions[num_tokens:].zero_()
     except BaseException:
-        seq_lens_cpu.copy_(saved[0])
-        seq_lens_device.copy_(saved[1])
-        computed[:] = saved[2]
-        positions.copy_(saved[3])
+        seq_lens_cpu.copy_(saved_cpu)
+        seq_lens_device.copy_(saved_device)
+        computed[:] = saved_computed
+        positions.copy_(saved_positions)
         raise
 
 
 class _DummyRun:
-    """The runner of the dummy run in progress, and what to restore when it ends."""
-
     def __init__(self, runner: Any) -> None:
         self.runner = runner
         self.restores: list[Callable[[], Any]] = []
 
     def keep_computed_counts(self) -> None:
-        """Restore the input batch's CPU computed counts when the dummy run ends."""
         computed = self.runner.input_batch.num_computed_tokens_cpu
         self.restores.append(functools.partial(np.copyto, computed, computed.copy()))
 
@@ -130,7 +120,6 @@ def consistent_dummy_run(
     *,
     on_failure: OnFailure,
 ) -> Any:
-    """``_dummy_run``: publishes the run; restores what the staging changed after."""
     run = _DummyRun(instance)
     token = _ACTIVE_DUMMY_RUN.set(run)
     try:
@@ -156,10 +145,7 @@ def _signature_with(function: Callable[..., Any], needed: tuple[str, ...]) -> An
 
 
 def bind_staged_dcp_helper(helper: Any, on_failure: OnFailure) -> Callable[..., Any]:
-    """The DCP helper, consuming positions staged consistently in a dummy run.
-
-    Its arguments are bound by its signature, positional or keyword.
-    """
+    """The DCP helper, consuming positions staged consistently in a dummy run."""
     signature = _signature_with(helper, DCP_HELPER_PARAMETERS)
 
     @functools.wraps(helper)
@@ -169,14 +155,13 @@ def bind_staged_dcp_helper(helper: Any, on_failure: OnFailure) -> Callable[..., 
         if run is None:
             return original(*args, **kwargs)
         try:
-            runner = run.runner
             run.keep_computed_counts()
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             arguments = bound.arguments
             num_tokens = arguments["num_tokens_unpadded"]
             stage_runner_dummy_batch(
-                runner,
+                run.runner,
                 num_reqs=arguments["num_reqs"],
                 num_tokens=num_tokens,
                 query_start_loc=arguments["query_start_loc"],
@@ -197,7 +182,7 @@ def bind_staged_dcp_helper(helper: Any, on_failure: OnFailure) -> Callable[..., 
 
 
 def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..., Any]:
-    """``_build_attention_metadata`` staging first inside a dummy run (0.22)."""
+    """0.22: stage at the build of the attention metadata instead."""
     signature = _signature_with(build, ("self", *BUILD_METADATA_PARAMETERS))
 
     @functools.wraps(build)
@@ -229,8 +214,6 @@ def bind_staged_metadata_build(build: Any, on_failure: OnFailure) -> Callable[..
 
 
 def hook_points(verdict: Verdict) -> list[HookPoint]:
-    """``_dummy_run`` wrapped; the staging at the DCP helper (0.27+), else at
-    the build of the attention metadata."""
     staging = (
         bind_staged_dcp_helper
         if verdict.layout["stages_at_dcp_helper"]

@@ -13,15 +13,9 @@ from vllm_graphsafe.judging import (
     Requirement,
     SetsAttribute,
     TakesParameters,
-    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
-from vllm_graphsafe.vllm_layout import (
-    V1_CP_UTILS,
-    V1_INPUT_BATCH,
-    V1_RUNNER,
-    V1_RUNNER_CLASS,
-)
+from vllm_graphsafe.vllm_layout import V1_CP_UTILS, V1_INPUT_BATCH, V1_RUNNER
 
 DUMMY_RUN = "GPUModelRunner._dummy_run"
 DCP_HELPER = "prepare_dcp_dummy_context_metadata"
@@ -61,34 +55,29 @@ def points(layout: Layout) -> list[Point]:
 
 
 def reads(layout: Layout) -> list[Requirement]:
-    found: list[Requirement] = [
-        SetsAttribute(V1_RUNNER, "GPUModelRunner", name, DUMMY_RUN)
-        for name in ("input_batch", "optimistic_seq_lens_cpu", "seq_lens")
+    read = [
+        (V1_RUNNER, "GPUModelRunner", "input_batch"),
+        (V1_RUNNER, "GPUModelRunner", "optimistic_seq_lens_cpu"),
+        (V1_RUNNER, "GPUModelRunner", "seq_lens"),
+        (V1_INPUT_BATCH, "InputBatch", "num_computed_tokens_cpu"),
     ]
-    found.append(
-        SetsAttribute(
-            V1_INPUT_BATCH, "InputBatch", "num_computed_tokens_cpu", DUMMY_RUN
-        )
-    )
+    found: list[Requirement] = [SetsAttribute(*where, DUMMY_RUN) for where in read]
     if layout["stages_at_dcp_helper"]:
-        found.append(
-            TakesParameters(V1_CP_UTILS, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER)
-        )
-        return found
-    found += [
-        SetsAttribute(V1_RUNNER, "GPUModelRunner", name, BUILD_METADATA)
-        for name in ("query_start_loc", "positions")
-    ]
-    found.append(
+        return [
+            *found,
+            TakesParameters(V1_CP_UTILS, DCP_HELPER, DCP_HELPER_PARAMETERS, DCP_HELPER),
+        ]
+    return [
+        *found,
+        SetsAttribute(V1_RUNNER, "GPUModelRunner", "query_start_loc", BUILD_METADATA),
+        SetsAttribute(V1_RUNNER, "GPUModelRunner", "positions", BUILD_METADATA),
         TakesParameters(
             V1_RUNNER, BUILD_METADATA, BUILD_METADATA_PARAMETERS, BUILD_METADATA
-        )
-    )
-    return found
+        ),
+    ]
 
 
 def native_reason(sources: SourceReader) -> str | None:
-    """``_dummy_run`` (or a method it calls) stages computed lengths and positions."""
     dummy_run = sources.function_node(V1_RUNNER, DUMMY_RUN)
     if dummy_run is None:
         return None
@@ -112,12 +101,9 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
-    if runner_class is None:
-        return None
     from vllm_graphsafe.fixes.v1_dummy_staging.behaviour import judge_live
 
-    return judge_live(runner_class)
+    return judge_live()
 
 
 JUDGE = FixJudge(

@@ -5,9 +5,8 @@ For every active request ``r`` and every active token ``t`` of ``r``::
     seq_len[r]   == num_computed[r] + num_scheduled[r]
     positions[t] == num_computed[r] + query_pos[t]
 
-Padded request rows get zero scheduled and computed length; padded token
-positions are zero. A requested sequence length shorter than the query is
-raised to the query length, so no computed length or position is negative.
+Padded rows and tokens are zero; a requested sequence length shorter than the
+query is raised to it, so no computed length or position is negative.
 """
 
 from __future__ import annotations
@@ -30,13 +29,9 @@ def stage_dummy_batch(
     num_reqs_padded: int,
     num_tokens_padded: int,
 ) -> StagedDummyBatch:
-    """Stage lengths and positions for ``len(num_scheduled)`` active requests.
-
-    ``requested_seq_lens`` holds the lengths the dummy run asked for (one per
-    active request); ``num_scheduled`` the query length of each request.
-    Arrays are padded with zeros to ``num_reqs_padded`` rows and
-    ``num_tokens_padded`` tokens.
-    """
+    """Stage lengths and positions for ``len(num_scheduled)`` active requests
+    (``requested_seq_lens``: what the dummy run asked for), zero-padded to
+    ``num_reqs_padded`` rows and ``num_tokens_padded`` tokens."""
     num_reqs = len(num_scheduled)
     num_tokens = int(num_scheduled.sum())
     if num_reqs_padded < num_reqs or num_tokens_padded < num_tokens:
@@ -54,13 +49,11 @@ def stage_dummy_batch(
 
 
 def seq_len_floor(requested: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:
-    """A sequence holds at least its own query."""
     floor: np.ndarray = np.maximum(requested, num_scheduled)
     return floor
 
 
 def token_positions(num_computed: np.ndarray, num_scheduled: np.ndarray) -> np.ndarray:
-    """Absolute position of every scheduled token: computed[req] + query_pos."""
     starts = np.repeat(num_computed.astype(np.int64), num_scheduled)
     ends = np.cumsum(num_scheduled, dtype=np.int64)
     query_pos = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)

@@ -1,12 +1,7 @@
-"""v1-phase-dispatch as a source edit: where it binds, and the code it inserts.
-
-The inserted code is plain vLLM code (no import of this package), in vLLM's
-style, and makes the same decision as the runtime hook in ``hooks``. Where the
-tree's worker calls the dispatch itself (pipeline plus sequence parallel on
-0.20-0.31, before the runner updates its request state), both calls of a step
-hand the dispatch the step's scheduler output and the rule reads the
-requests from it, as the plugin does (``early``).
-"""
+"""v1-phase-dispatch as a source edit: plain vLLM code deciding as the runtime
+hook does. Where the worker calls the dispatch itself (pipeline + sequence
+parallel on 0.20-0.31, before the runner updates its request state), both calls
+hand it the step's scheduler output and the rule reads the requests from it."""
 
 from __future__ import annotations
 
@@ -18,6 +13,7 @@ from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     counts_drafts_only_on_drafting_steps,
     recognise_draft_counting,
 )
+from vllm_graphsafe.fixes.v1_phase_dispatch.judge import DISPATCH
 from vllm_graphsafe.tree_edits.plan import (
     Plan,
     direct_call_assignment,
@@ -29,7 +25,6 @@ from vllm_graphsafe.tree_edits.source import LineEdit, MissingSymbolError, Sourc
 from vllm_graphsafe.tree_edits.tree import Tree
 from vllm_graphsafe.vllm_layout import V1_INPUT_BATCH, V1_RUNNER, V1_WORKER
 
-DISPATCH = "GPUModelRunner._determine_batch_execution_and_padding"
 _DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
 _STEP = "scheduler_output"
 
@@ -202,14 +197,30 @@ def plan(tree: Tree) -> Plan:
     layout = "V1 runner"
     names = ["GPUModelRunner._has_prefill_request"]
     if early:
-        edits += _hand_the_step_to_the_runner_dispatch(runner, dispatch)
+        # The dispatch takes the step; the runner's own call hands it over.
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(runner.tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        if "SchedulerOutput" not in imported:
+            raise MissingSymbolError(
+                f"an import of SchedulerOutput in {runner.relpath}"
+            )
+        edits += [
+            _step_keyword(runner, "GPUModelRunner.execute_model"),
+            _append_parameter(
+                runner, dispatch, f'{_STEP}: "SchedulerOutput | None" = None'
+            ),
+        ]
         layout += " and worker (its early call under PP + SP hands over the step)"
         names.append("GPUModelRunner._has_scheduled_prefill_request")
     plan = Plan(FIX.id, layout, names=tuple(names))
     edit(plan, runner, edits)
     if early:
         assert worker is not None
-        edit(plan, worker, [_hand_the_step_to_the_worker_dispatch(worker)])
+        edit(plan, worker, [_step_keyword(worker, "Worker.execute_model")])
     sections = {
         "dispatch": True,
         "scheduled_step": early,
@@ -227,52 +238,6 @@ def plan(tree: Tree) -> Plan:
     return plan
 
 
-def _hand_the_step_to_the_runner_dispatch(
-    runner: SourceFile, dispatch: recognition.FunctionNode
-) -> list[LineEdit]:
-    """The dispatch takes the step's scheduler output; the runner's own call
-    in ``execute_model`` hands it over."""
-    if not _imports(runner.tree, "SchedulerOutput"):
-        raise MissingSymbolError(f"an import of SchedulerOutput in {runner.relpath}")
-    execute = runner.function("GPUModelRunner.execute_model")
-    if _STEP not in recognition.parameter_names(execute):
-        raise MissingSymbolError(f"parameter {_STEP} of GPUModelRunner.execute_model")
-    return [
-        _append_parameter(
-            runner, dispatch, f'{_STEP}: "SchedulerOutput | None" = None'
-        ),
-        _append_keyword(runner, _only_call(execute, "GPUModelRunner.execute_model")),
-    ]
-
-
-def _hand_the_step_to_the_worker_dispatch(worker: SourceFile) -> LineEdit:
-    execute = worker.function("Worker.execute_model")
-    if _STEP not in recognition.parameter_names(execute):
-        raise MissingSymbolError(f"parameter {_STEP} of Worker.execute_model")
-    return _append_keyword(worker, _only_call(execute, "Worker.execute_model"))
-
-
-def _imports(module: ast.Module, name: str) -> bool:
-    """Whether ``module`` imports ``name`` anywhere (a type-checking import too)."""
-    return any(
-        (alias.asname or alias.name) == name
-        for node in ast.walk(module)
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    )
-
-
-def _only_call(function: recognition.FunctionNode, owner: str) -> ast.Call:
-    calls = [
-        call
-        for call in recognition.calls(function)
-        if recognition.called_name(call) == _DISPATCH_NAME
-    ]
-    if len(calls) != 1:
-        raise MissingSymbolError(f"one call of {_DISPATCH_NAME} in {owner}")
-    return calls[0]
-
-
 def _comma_follows(source: SourceFile, node: ast.AST) -> bool:
     end_line: int = node.end_lineno  # type: ignore[attr-defined]
     end_column: int = node.end_col_offset  # type: ignore[attr-defined]
@@ -280,9 +245,21 @@ def _comma_follows(source: SourceFile, node: ast.AST) -> bool:
     return line[end_column:].decode().lstrip().startswith(",")
 
 
-def _append_keyword(source: SourceFile, call: ast.Call) -> LineEdit:
-    """``scheduler_output=scheduler_output,`` on a line after the call's last
-    keyword (vLLM's layout: one argument a line, each with its comma)."""
+def _step_keyword(source: SourceFile, owner: str) -> LineEdit:
+    """``scheduler_output=scheduler_output,`` on a line after the last keyword
+    of ``owner``'s one call of the dispatch (vLLM's layout: one argument a
+    line, each with its comma)."""
+    execute = source.function(owner)
+    if _STEP not in recognition.parameter_names(execute):
+        raise MissingSymbolError(f"parameter {_STEP} of {owner}")
+    calls = [
+        call
+        for call in recognition.calls(execute)
+        if recognition.called_name(call) == _DISPATCH_NAME
+    ]
+    if len(calls) != 1:
+        raise MissingSymbolError(f"one call of {_DISPATCH_NAME} in {owner}")
+    call = calls[0]
     if not call.keywords or not _comma_follows(source, call.keywords[-1]):
         raise MissingSymbolError(
             f"the call of {_DISPATCH_NAME} in {source.relpath} (line {call.lineno}) "

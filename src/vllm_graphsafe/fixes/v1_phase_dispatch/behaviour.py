@@ -1,19 +1,8 @@
 """Is the V1 dispatch fixed? Run the runner's dispatch on the bug's cases.
 
-The question asked of the target is the one a GPU acts on: given this step,
-does ``GPUModelRunner._determine_batch_execution_and_padding`` (with whatever
-it consults: ``_is_uniform_decode``, helpers, the dispatcher) hand back the
-FULL decode graph? The dispatcher is vLLM's, modelled with FULL_AND_PIECEWISE
-graphs captured (:class:`~vllm_graphsafe.behaviour.fakes.GraphDispatcher`);
-with data parallelism the step stops at the cross-rank sync, and what this rank
-offers there is its answer (every rank then agrees on the least of them).
-
-The runner is a fake holding the step as vLLM's runner holds it when it
-dispatches: the input batch's computed and prompt lengths (before the step),
-each row's scheduled drafts, the builders' draft counts
-(``num_decode_draft_tokens``, as ``_prepare_inputs`` writes them), the request
-table and the step's scheduler output, so that a fix reading any of the ways
-vLLM's own code and its forks read a row's phase finds it.
+Does ``_determine_batch_execution_and_padding`` hand the step the FULL decode
+graph (under data parallelism: offer it at the cross-rank sync)? The fake
+runner holds the step in every form vLLM and its forks read a row's phase from.
 """
 
 from __future__ import annotations
@@ -51,6 +40,7 @@ from vllm_graphsafe.behaviour.live import live_runner
 from vllm_graphsafe.fixes.v1_phase_dispatch.drafting import (
     draft_counts_only_on_drafting_steps,
 )
+from vllm_graphsafe.judging import imported_class
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import V1_RUNNER, V1_RUNNER_CLASS
 
@@ -72,52 +62,41 @@ class Step(NamedTuple):
 
 
 def cases() -> list[Case[Step]]:
-    """The hazard and its neighbours, for K = 0, 1, 2 and 5."""
     found: list[Case[Step]] = []
-    off, on = Expect.KEPT_OFF, Expect.KEPT_ON
     for k in SPECULATIVE_WIDTHS:
         q = k + 1
         fresh, decode = fresh_row(k), decode_row(k)
-        named = [
-            (f"a fresh {q}-token prompt", off, Step(k, (fresh,))),
-            (f"two fresh {q}-token prompts together", off, Step(k, (fresh, fresh))),
-            (f"a {q}-token prompt beside a decode", off, Step(k, (decode, fresh))),
-        ]
+        kept_off = {
+            f"a fresh {q}-token prompt": Step(k, (fresh,)),
+            f"two fresh {q}-token prompts together": Step(k, (fresh, fresh)),
+            f"a {q}-token prompt beside a decode": Step(k, (decode, fresh)),
+        }
         if k:
             # Without speculation one prompt token over prior state is a
             # decode to the builders: only a prompt's first chunk is a hazard.
-            named += [(name, off, Step(k, (row,))) for name, row in chunk_rows(k)]
-            named += [
-                (
-                    f"{q} output tokens recomputed after preemption",
-                    off,
-                    Step(k, (Row(10, 30, q),)),
-                ),
-                (
-                    f"a fresh {q}-token prompt right after a drafting step",
-                    off,
-                    Step(k, (fresh,), after_drafting_step=True),
-                ),
+            kept_off.update((name, Step(k, (row,))) for name, row in chunk_rows(k))
+            kept_off[f"{q} output tokens recomputed after preemption"] = Step(
+                k, (Row(10, 30, q),)
+            )
+            kept_off[f"a fresh {q}-token prompt right after a drafting step"] = Step(
+                k, (fresh,), after_drafting_step=True
+            )
+        kept_off[f"a {q}-token prompt on a data-parallel rank whose peer decodes"] = (
+            Step(k, (fresh,), dp_size=2)
+        )
+        kept_on = {
+            "a pure decode batch of 3 rows": Step(
+                k, (decode, decode_row(k, 1), decode_row(k, 2))
+            ),
+            "a decode with a prompt's row left past the batch": Step(
+                k, (decode,), stale=(fresh,)
+            ),
+            "a decode on a data-parallel rank": Step(k, (decode,), dp_size=2),
+        }
+        for expect, steps in ((Expect.KEPT_OFF, kept_off), (Expect.KEPT_ON, kept_on)):
+            found += [
+                Case(f"{name} (K={k})", expect, step) for name, step in steps.items()
             ]
-        named += [
-            (
-                f"a {q}-token prompt on a data-parallel rank whose peer decodes",
-                off,
-                Step(k, (fresh,), dp_size=2),
-            ),
-            (
-                "a pure decode batch of 3 rows",
-                on,
-                Step(k, (decode, decode_row(k, 1), decode_row(k, 2))),
-            ),
-            (
-                "a decode with a prompt's row left past the batch",
-                on,
-                Step(k, (decode,), stale=(fresh,)),
-            ),
-            ("a decode on a data-parallel rank", on, Step(k, (decode,), dp_size=2)),
-        ]
-        found += [Case(f"{name} (K={k})", expect, step) for name, expect, step in named]
     return found
 
 
@@ -135,9 +114,6 @@ def _draft_count(row: Row) -> int:
 def runner_state(
     step: Step, dispatcher: GraphDispatcher, counts_only_when_drafting: bool
 ) -> dict[str, Any]:
-    """The fake runner's attributes for ``step``; ``counts_only_when_drafting``:
-    the release's ``_prepare_inputs`` leaves the draft counts as they were on a
-    step that schedules no drafts."""
     rows = [*step.rows, *step.stale]
     num_reqs = len(step.rows)
     computed = np.zeros(MAX_ROWS, dtype=np.int32)
@@ -148,11 +124,11 @@ def runner_state(
         computed[index] = row.computed
         prompt[index] = row.prompt
         drafts[index] = [0] * row.drafts
-    for index, row in enumerate(step.rows):
-        counts[index] = _draft_count(row) if step.k else -1
+    if step.k:
+        counts[:num_reqs] = [_draft_count(row) for row in step.rows]
     schedules_drafts = any(row.drafts for row in step.rows)
     if step.after_drafting_step and counts_only_when_drafting and not schedules_drafts:
-        counts[: len(step.rows)] = step.k
+        counts[:num_reqs] = step.k
     req_ids = [req_id(i) for i in range(len(rows))]
     requests = {
         req_id(i): Fake(
@@ -234,32 +210,16 @@ def _scheduler_output(step: Step) -> Fake:
     )
 
 
-def dispatch_arguments(dispatch: Callable[..., Any], step: Step) -> dict[str, Any]:
-    """The dispatch's arguments for ``step``, by name; ``CannotRun`` for a
-    parameter without a default that no case can supply."""
-    scheduled = np.array([row.scheduled for row in step.rows], dtype=np.int32)
-    values: dict[str, Any] = {
-        "num_tokens": int(scheduled.sum()),
-        "num_reqs": len(step.rows),
-        "num_scheduled_tokens_np": scheduled,
-        "max_num_scheduled_tokens": int(scheduled.max()),
-        "use_cascade_attn": False,
-        "scheduler_output": _scheduler_output(step),
-    }
-
-    def unsupplied(name: str) -> Any:
-        raise CannotRun(f"{DISPATCH} takes {name}, which no case supplies")
-
-    return keyword_arguments(dispatch, values, unsupplied)
+def _unsupplied(name: str) -> Any:
+    raise CannotRun(f"{DISPATCH} takes {name}, which no case supplies")
 
 
 class Target(NamedTuple):
-    """One way of building the runner: compiled from source, or the live class."""
-
     make_runner: Callable[[dict[str, Any]], Any]
     modes: Any
     descriptor_type: Any
-    #: 0.20-0.31 (see :func:`runner_state`).
+    #: The release's ``_prepare_inputs`` leaves the draft counts as they were
+    #: on a step that schedules no drafts (0.20-0.31).
     counts_only_when_drafting: bool
 
     def run(self, case: Case[Step]) -> Outcome:
@@ -271,32 +231,40 @@ class Target(NamedTuple):
         dispatch = getattr(runner, DISPATCH, None)
         if not callable(dispatch):
             raise CannotRun(f"the runner has no {DISPATCH}")
-        arguments = dispatch_arguments(dispatch, step)
+        scheduled = np.array([row.scheduled for row in step.rows], dtype=np.int32)
+        supplied = {
+            "num_tokens": int(scheduled.sum()),
+            "num_reqs": len(step.rows),
+            "num_scheduled_tokens_np": scheduled,
+            "max_num_scheduled_tokens": int(scheduled.max()),
+            "use_cascade_attn": False,
+            "scheduler_output": _scheduler_output(step),
+        }
+        arguments = keyword_arguments(dispatch, supplied, _unsupplied)
         try:
             result = dispatch(**arguments)
         except ReachedSync as sync:
-            return _judged(case, _offered_full(sync.offered, self.modes))
-        mode = result[0] if isinstance(result, tuple) and result else result
-        name = mode_name(mode)
-        if name is None:
-            if not dispatcher.calls:
-                raise CannotRun(f"{DISPATCH} returned no graph mode")
-            name = dispatcher.calls[-1]
-        return _judged(case, name == "FULL")
+            full = _offered_full(sync.offered, self.modes)
+        else:
+            mode = result[0] if isinstance(result, tuple) and result else result
+            name = mode_name(mode)
+            if name is None:
+                if not dispatcher.calls:
+                    raise CannotRun(f"{DISPATCH} returned no graph mode")
+                name = dispatcher.calls[-1]
+            full = name == "FULL"
+        said = (
+            "got the FULL decode graph" if full else "ran without the FULL decode graph"
+        )
+        return graph_outcome(case, full, said)
 
 
 def _offered_full(offered: dict[str, Any], modes: Any) -> bool:
-    """Whether a rank offers the FULL decode graph at the data-parallel sync."""
     if "cudagraph_mode" in offered:
         mode = offered["cudagraph_mode"]
         full = member(modes, "FULL")
         return mode == full.value or mode_name(mode) == "FULL"
     return bool(offered.get("uniform_decode"))
-
-
-def _judged(case: Case[Step], full: bool) -> Outcome:
-    said = "got the FULL decode graph" if full else "ran without the FULL decode graph"
-    return graph_outcome(case, full, said)
 
 
 def judge_source(sources: SourceReader) -> Evidence:
@@ -307,9 +275,12 @@ def judge_source(sources: SourceReader) -> Evidence:
     return judge_cases(cases(), target.run)
 
 
-def judge_live(runner_class: type, installed: SourceReader) -> Evidence:
+def judge_live() -> Evidence | None:
+    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
+    if runner_class is None:
+        return None
     target = Target(
         *live_runner(runner_class, OVERRIDES),
-        draft_counts_only_on_drafting_steps(installed),
+        draft_counts_only_on_drafting_steps(SourceReader()),
     )
     return judge_cases(cases(), target.run)

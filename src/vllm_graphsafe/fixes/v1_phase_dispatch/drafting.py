@@ -1,6 +1,5 @@
-"""How a release's ``_prepare_inputs`` counts each row's drafts, read from
-its source: only on a step that schedules drafts (0.20-0.31), and by which
-test (:class:`~vllm_graphsafe.fixes.scheduled_rows.DraftCounting`)."""
+"""How a release's ``_prepare_inputs`` counts each row's drafts, read from its
+source: only on drafting steps (0.20-0.31)? by which test (``DraftCounting``)?"""
 
 from __future__ import annotations
 
@@ -17,19 +16,16 @@ _DECISION = "use_spec_decode"
 
 
 def draft_counts_only_on_drafting_steps(sources: SourceReader) -> bool:
-    """0.20-0.31: ``_prepare_inputs`` counts the rows' drafts only on a step
-    that schedules some (``use_spec_decode`` tests the scheduled drafts, not
-    the speculative config); on any other step the column still holds the last
-    drafting step's counts. Where the source says neither, assume so (the
-    check it adds is exact either way)."""
+    """0.20-0.31: the rows' drafts are counted only on a step that schedules
+    some; other steps see the last drafting step's counts. Assumed where the
+    source says neither (the check it adds is exact either way)."""
     prepare = sources.function_node(V1_RUNNER, _PREPARE_INPUTS)
     return prepare is None or counts_drafts_only_on_drafting_steps(prepare)
 
 
 def counts_drafts_only_on_drafting_steps(prepare_inputs: ast.AST) -> bool:
-    """Whether this ``_prepare_inputs`` decides to count drafts from the step's
-    scheduled drafts (its first decision in the def's own order); True where
-    it says neither."""
+    """Whether the first ``use_spec_decode`` decision reads the step's
+    scheduled drafts (not the speculative config); True where there is none."""
     decisions = [
         node
         for node in ast.walk(prepare_inputs)
@@ -49,12 +45,9 @@ _DRAFT_COLUMN = "num_decode_draft_tokens"
 
 
 def recognise_draft_counting(prepare_inputs: ast.AST) -> DraftCounting | None:
-    """How ``_prepare_inputs`` counts a row's drafts into ``num_decode_draft_tokens``.
-
-    The condition under which it stores a row's draft count compares either
-    the row's computed count with its prompt length, or its scheduled tokens
-    with its drafts; a later store of 0 marks zero-draft decodes. None when
-    neither (or both) conditions are found.
+    """How ``_prepare_inputs`` counts a row's drafts into ``num_decode_draft_tokens``:
+    its condition compares computed with prompt length, or scheduled tokens
+    with drafts; a store of 0 marks zero-draft decodes. None: neither or both.
     """
     past_prompt = plus_one = zero_draft = False
     for node in ast.walk(prepare_inputs):

@@ -1,14 +1,8 @@
 """Pipeline plus sequence parallel on vLLM 0.20-0.31: the worker classifies first.
 
-With both, those releases' ``Worker.execute_model`` calls the runner's
-dispatch itself, before the runner updates its request state, to size the
-residual it receives from the previous pipeline stage; the runner then
-dispatches again inside its own ``execute_model``. At the first call the
-runner's columns still describe the previous step. On such a worker the
-plugin holds the step's scheduler output while ``execute_model`` runs, and
-the rule decides both calls from it (:mod:`vllm_graphsafe.fixes.scheduled_rows`):
-one answer for both calls, the one the rows give once ``_prepare_inputs`` has
-run. Every other worker keeps vLLM's own ``execute_model``.
+There ``Worker.execute_model`` calls the runner's dispatch itself (to size the
+residual from the previous stage) while the runner's columns still describe the
+previous step; such a worker holds the step's scheduler output for the rule.
 """
 
 from __future__ import annotations
@@ -38,8 +32,6 @@ _HELD_STEPS: dict[int, Any] = {}
 
 
 def classifies_before_state_update(runner: Any) -> bool:
-    """Pipeline plus sequence parallel: the worker dispatches before the runner
-    updates its request state (on releases whose worker calls the dispatch)."""
     return bool(
         runner.parallel_config.pipeline_parallel_size > 1
         and runner.compilation_config.pass_config.enable_sp
@@ -47,14 +39,9 @@ def classifies_before_state_update(runner: Any) -> bool:
 
 
 class StepHoldingExecute:
-    """Installed as ``Worker.execute_model`` where the worker classifies early.
-
-    On a worker whose runner classifies before its state update, the bound
-    method holds the step's scheduler output for the runner while it runs; on
-    any other worker it is vLLM's own bound method. Either is decided on the
-    first access after the worker has its runner, and kept in the worker's
-    ``__dict__``, so later steps pay nothing on workers that need no step.
-    """
+    """Holds the step's scheduler output where the runner classifies early;
+    elsewhere vLLM's own method. Kept in the worker's ``__dict__`` once it has
+    its runner, so later steps pay nothing."""
 
     def __init__(self, original: Any, on_failure: OnFailure) -> None:
         if not hasattr(original, "__get__"):
@@ -84,7 +71,6 @@ class StepHoldingExecute:
         return execute
 
     def release(self) -> None:
-        """Drop the kept methods from the workers: vLLM's method applies again."""
         for worker in list(self._workers):
             worker.__dict__.pop(_WORKER_EXECUTE_NAME, None)
         self._workers = weakref.WeakSet()
@@ -103,16 +89,10 @@ def _holding_the_step(execute: Callable[..., Any], worker: Any) -> Callable[...,
     return execute_model_holding_its_step
 
 
-#: The :class:`ReplaceHook` factory for ``Worker.execute_model``.
-hold_steps = StepHoldingExecute
-
-
 class ScheduledStepRule:
-    """Whether every row of the step a runner executes is a decode, read from
-    the step's scheduler output, with the release's way of counting drafts
-    (None where its ``_prepare_inputs`` counts them in a way this plugin does
-    not recognise: a step with drafts then fails the fix open). Prompt lengths
-    come from the new requests, else from the runner's request table."""
+    """Whether every row of the step a runner executes is a decode, from the
+    step's scheduler output (``counting`` None: unrecognised, so a step with
+    drafts fails the fix open)."""
 
     def __init__(self, counting: DraftCounting | None) -> None:
         self._counting = counting

@@ -25,8 +25,7 @@
 # `python -m vllm_graphsafe.catalogue --write`: edit those, not this)
 # <!-- /generated:facts:v1-phase-dispatch -->
 """V1 runner: a batch is uniform decode only when every scheduled row is a
-decode as the metadata builders see it.
-"""
+decode as the metadata builders see it."""
 
 from __future__ import annotations
 
@@ -52,8 +51,8 @@ from vllm_graphsafe.fixes.scheduled_rows import DraftCounting
 from vllm_graphsafe.fixes.v1_phase_dispatch import FIX
 from vllm_graphsafe.fixes.v1_phase_dispatch.early import (
     ScheduledStepRule,
+    StepHoldingExecute,
     classifies_before_state_update,
-    hold_steps,
 )
 from vllm_graphsafe.fixes.v1_phase_dispatch.judge import (
     HOLD_STEPS_ROLE,
@@ -86,12 +85,10 @@ ShapeRule = Callable[[int, int, int, int, "bool | None"], bool]
 
 
 def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
-    """Whether the batch's first row was handed ``num_drafts`` drafts this step
-    (the input batch keeps each row's scheduled drafts, refreshed every step):
+    """Whether the batch's first row was handed ``num_drafts`` drafts this step:
     on a step that scheduled none, every K+1-token row is a prefill chunk.
-    Where the runner holds no draft counts either (a runner built for a test
-    with its computed and prompt lengths alone), no count can be stale: True,
-    and the rows decide (:func:`rows_are_decodes`)."""
+    True where the runner holds no draft counts either (a test's runner): no
+    count can be stale, and the rows decide."""
     try:
         scheduled_drafts = runner.input_batch.spec_token_ids
     except AttributeError:
@@ -102,13 +99,8 @@ def first_row_has_drafts(runner: Any, num_drafts: int) -> bool:
 
 
 class PhaseAwareShapeRule:
-    """Installed as ``GPUModelRunner._is_uniform_decode``; keeps its convention.
-
-    On the class (``GPUModelRunner._is_uniform_decode(...)``) it is vLLM's
-    static shape rule. On a runner it is the phase-aware rule bound to that
-    runner, made on first access and kept in the runner's ``__dict__``, which
-    wins over this non-data descriptor on every later step.
-    """
+    """vLLM's static rule on the class; on a runner, the phase-aware rule kept
+    in its ``__dict__``, which wins over this non-data descriptor next step."""
 
     def __init__(
         self,
@@ -119,11 +111,9 @@ class PhaseAwareShapeRule:
     ) -> None:
         self.rule = rule
         self.on_failure = on_failure
-        #: The draft-count column is left as it was on steps without drafts
-        #: (:func:`draft_counts_only_on_drafting_steps`).
+        #: The draft-count column is left as it was on steps without drafts.
         self.stale_draft_counts = stale_draft_counts
-        #: Where the worker may classify early: the rule from the step's
-        #: scheduler output, for runners under pipeline + sequence parallel.
+        #: Where the worker may classify early (pipeline + sequence parallel).
         self.step_rule = step_rule
         self._runners: weakref.WeakSet[Any] = weakref.WeakSet()
         functools.update_wrapper(self, rule)  # type: ignore[arg-type]
@@ -141,18 +131,14 @@ class PhaseAwareShapeRule:
         return bound
 
     def release(self) -> None:
-        """Drop the bound rules from the runners: vLLM's rule applies again."""
         for runner in list(self._runners):
             runner.__dict__.pop(_SHAPE_RULE_NAME, None)
         self._runners = weakref.WeakSet()
 
     def bind(self, runner: Any) -> Callable[..., bool]:
-        """The phase-aware rule for ``runner``; runs once per step.
-
-        It reads the rows as the runner's ``_prepare_inputs`` classified them
-        for the attention metadata builders, just before this dispatch; where
-        the worker classifies the step before that (:mod:`.early`), the
-        step's scheduler output instead.
+        """The phase-aware rule for ``runner``, run once per step: the rows as
+        ``_prepare_inputs`` just classified them for the metadata builders, or
+        where the worker classifies first (:mod:`.early`), the scheduler output.
         """
         shape_rule, on_failure, step_rule = self.rule, self.on_failure, self.step_rule
         stale_draft_counts = self.stale_draft_counts
@@ -206,13 +192,9 @@ class PhaseAwareShapeRule:
 
 
 def rows_are_decodes(runner: Any, num_reqs: int, decode_query_len: int) -> bool:
-    """Whether the runner's builders see each of the first rows as a decode.
-
-    With speculation, a runner without the builders' draft counts (built with
-    its input batch alone, as upstream's tests build one) is read from its
-    input batch: :func:`rows_past_prompt_with_drafts` (by prompt length alone
-    where the batch lists no drafts, ``spec_token_ids``).
-    """
+    """Whether the runner's builders see each of the first rows as a decode
+    (with speculation, a runner without their draft counts, as upstream's tests
+    build one, is read from its input batch)."""
     if decode_query_len > 1:
         try:
             column = runner.num_decode_draft_tokens.np
@@ -236,7 +218,6 @@ def bind_phase_aware_shape_rule(
     step_rule: ScheduledStepRule | None = None,
     stale_draft_counts: bool = False,
 ) -> PhaseAwareShapeRule:
-    """The :class:`ReplaceHook` factory; ``TypeError`` unless vLLM's static rule."""
     rule = original.__func__ if isinstance(original, staticmethod) else original
     if not inspect.isfunction(rule):
         raise TypeError(f"{SHAPE_RULE} is {type(original).__name__}, not the static")
@@ -252,8 +233,6 @@ def bind_phase_aware_shape_rule(
 
 
 def hook_points(verdict: Verdict) -> list[HookPoint]:
-    """The shape rule replaced with the phase-aware one; where the worker
-    classifies first, its ``execute_model`` holding each step's scheduler output."""
     layout = verdict.layout
     counting = layout["draft_counting"]
     factories: dict[str, Factory] = {
@@ -266,7 +245,7 @@ def hook_points(verdict: Verdict) -> list[HookPoint]:
             if layout["classifies_early"]
             else None,
         ),
-        HOLD_STEPS_ROLE: hold_steps,
+        HOLD_STEPS_ROLE: StepHoldingExecute,
     }
     return [
         ReplaceHook(point.module, point.qualname, factories[point.role])

@@ -17,7 +17,6 @@ from vllm_graphsafe.judging import (
     Requirement,
     SetsAttribute,
     TakesParameters,
-    imported_class,
 )
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.vllm_layout import (
@@ -26,7 +25,6 @@ from vllm_graphsafe.vllm_layout import (
     SCHEDULER_OUTPUT,
     V1_INPUT_BATCH,
     V1_RUNNER,
-    V1_RUNNER_CLASS,
     V1_WORKER,
 )
 
@@ -38,27 +36,7 @@ PREPARE_INPUTS = "GPUModelRunner._prepare_inputs"
 SHAPE_RULE_ROLE = "phase-aware shape rule"
 HOLD_STEPS_ROLE = "step-holding execute_model"
 
-_DISPATCH_NAME = DISPATCH.rsplit(".", 1)[-1]
 _COMPUTED_NAMES = {"num_computed_tokens_cpu", "num_computed_tokens"}
-_PROMPT_NAMES = {"num_prompt_tokens"}
-_DRAFT_COUNT_NAMES = {"num_decode_draft_tokens"}
-_QUERY_LEN_NAMES = {"uniform_decode_query_len"}
-#: What the early path reads of a scheduler output, by class.
-_STEP_FIELDS = {
-    "SchedulerOutput": (
-        "num_scheduled_tokens",
-        "scheduled_spec_decode_tokens",
-        "scheduled_new_reqs",
-        "scheduled_cached_reqs",
-    ),
-    "NewRequestData": (
-        "req_id",
-        "num_computed_tokens",
-        "prompt_token_ids",
-        "prompt_embeds",
-    ),
-    "CachedRequestData": ("req_ids", "num_computed_tokens"),
-}
 
 
 def layout(sources: SourceReader) -> dict[str, Any]:
@@ -67,15 +45,12 @@ def layout(sources: SourceReader) -> dict[str, Any]:
     ``draft_counting`` is how ``_prepare_inputs`` counts drafts (None:
     unrecognised). ``stale_draft_counts``: the draft counts are written only
     on steps that schedule drafts (0.20-0.31)."""
-    early = sources.module_calls(V1_WORKER, _DISPATCH_NAME)
-    counting = None
-    if early:
-        prepare = sources.function_node(V1_RUNNER, PREPARE_INPUTS)
-        found = None if prepare is None else recognise_draft_counting(prepare)
-        counting = None if found is None else vars(found)
+    early = sources.module_calls(V1_WORKER, DISPATCH.rsplit(".", 1)[-1])
+    prepare = sources.function_node(V1_RUNNER, PREPARE_INPUTS) if early else None
+    counting = None if prepare is None else recognise_draft_counting(prepare)
     return {
         "classifies_early": early,
-        "draft_counting": counting,
+        "draft_counting": None if counting is None else vars(counting),
         "stale_draft_counts": draft_counts_only_on_drafting_steps(sources),
     }
 
@@ -114,18 +89,23 @@ def reads(layout: Layout) -> list[Requirement]:
         (V1_RUNNER, "GPUModelRunner", "requests"),
         (V1_INPUT_BATCH, "CachedRequestState", "num_prompt_tokens"),
     ]
+    # What the early path reads of a scheduler output.
     read += [
-        (SCHEDULER_OUTPUT, owner, field)
-        for owner, fields in _STEP_FIELDS.items()
-        for field in fields
+        (SCHEDULER_OUTPUT, "SchedulerOutput", "num_scheduled_tokens"),
+        (SCHEDULER_OUTPUT, "SchedulerOutput", "scheduled_spec_decode_tokens"),
+        (SCHEDULER_OUTPUT, "SchedulerOutput", "scheduled_new_reqs"),
+        (SCHEDULER_OUTPUT, "SchedulerOutput", "scheduled_cached_reqs"),
+        (SCHEDULER_OUTPUT, "NewRequestData", "req_id"),
+        (SCHEDULER_OUTPUT, "NewRequestData", "num_computed_tokens"),
+        (SCHEDULER_OUTPUT, "NewRequestData", "prompt_token_ids"),
+        (SCHEDULER_OUTPUT, "NewRequestData", "prompt_embeds"),
+        (SCHEDULER_OUTPUT, "CachedRequestData", "req_ids"),
+        (SCHEDULER_OUTPUT, "CachedRequestData", "num_computed_tokens"),
     ]
     return found + [SetsAttribute(*where, SHAPE_RULE) for where in read]
 
 
 def native_reason(sources: SourceReader) -> str | None:
-    """The V1 runner's own classification reads each row's phase: it compares
-    computed with prompt lengths, or the builders' draft counts with the decode
-    query length."""
     dispatch = sources.function_node(V1_RUNNER, DISPATCH)
     candidates = [SHAPE_RULE, DISPATCH]
     if dispatch is not None:
@@ -137,9 +117,11 @@ def native_reason(sources: SourceReader) -> str | None:
         node = sources.function_node(V1_RUNNER, qualname)
         if node is None:
             continue
-        if recognition.compares_names(node, _COMPUTED_NAMES, _PROMPT_NAMES):
+        if recognition.compares_names(node, _COMPUTED_NAMES, {"num_prompt_tokens"}):
             return f"{qualname} compares computed with prompt lengths"
-        if recognition.compares_names(node, _DRAFT_COUNT_NAMES, _QUERY_LEN_NAMES):
+        if recognition.compares_names(
+            node, {"num_decode_draft_tokens"}, {"uniform_decode_query_len"}
+        ):
             return f"{qualname} compares draft counts with the decode query length"
     return None
 
@@ -151,12 +133,9 @@ def behaviour(sources: SourceReader) -> Evidence:
 
 
 def live() -> Evidence | None:
-    runner_class = imported_class(V1_RUNNER, V1_RUNNER_CLASS)
-    if runner_class is None:
-        return None
     from vllm_graphsafe.fixes.v1_phase_dispatch.behaviour import judge_live
 
-    return judge_live(runner_class, SourceReader())
+    return judge_live()
 
 
 JUDGE = FixJudge(

@@ -1,10 +1,6 @@
-"""Model Runner V2 replays a uniform decode CUDA graph only for decode steps.
-
-A prompt chunk of the decode query length has a decode batch's shape
-(vllm-project/vllm#51865). Each case states the request states and the
-scheduled tokens; the expected count follows from them: the query length iff
-the shape is uniform and no scheduled request is still in prefill.
-"""
+"""Model Runner V2 replays a uniform decode CUDA graph only for decode steps: a
+prompt chunk of the decode query length has a decode batch's shape
+(vllm-project/vllm#51865)."""
 
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -16,8 +12,8 @@ import pytest
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 MAX_ROWS = 16
-#: Whether this tree's request states hold each phase column as a host array
-#: (else as a buffer whose host view is ``.np``); set by the backport.
+#: Whether each phase column is a host array (else a buffer with a host view
+#: ``.np``); set by the backport.
 COMPUTED_IS_ARRAY = True
 PREFILL_LEN_IS_ARRAY = False
 
@@ -35,8 +31,6 @@ def _runner(requests: Requests) -> SimpleNamespace:
     for row, num_prefill, num_computed in requests.values():
         prefill_len[row] = num_prefill
         computed[row] = num_computed
-    # Only what a request's phase is read from: the state's id -> row map and
-    # its two phase columns (a fork may add any other attribute).
     return SimpleNamespace(
         req_states=SimpleNamespace(
             num_computed_prefill_tokens=_column(computed, COMPUTED_IS_ARRAY),
@@ -69,7 +63,7 @@ def _count(
     )
 
 
-# (state row, prefill_len, num_computed_prefill_tokens) per request; q tokens each.
+# Request states as in _runner; each scheduled request schedules q tokens.
 CASES: dict[str, Callable[[int], tuple[Requests, dict[str, int]]]] = {
     "fresh_prompt": lambda q: ({"a": (0, q, 0)}, {"a": q}),
     "chunked_prompt_tail": lambda q: ({"a": (3, 800 + q, 800)}, {"a": q}),

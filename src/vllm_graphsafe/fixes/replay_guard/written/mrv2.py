@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     )
 
 
-# -- Model Runner V2 -------------------------------------------------------------
-
 import pytest  # noqa: E402
 
 from vllm.v1.worker.gpu import cudagraph_utils  # noqa: E402
@@ -32,9 +30,9 @@ def _batch_desc(**fields: object) -> cudagraph_utils.BatchExecutionDescriptor:
         "cg_mode": CUDAGraphMode.FULL,
         "num_tokens": NUM_TOKENS,
         "num_reqs": 2,
+        **fields,
     }
-    values.update(fields)
-    return cudagraph_utils.BatchExecutionDescriptor(
+    return descriptor_class(
         **{name: value for name, value in values.items() if name in names}
     )
 
@@ -55,8 +53,8 @@ def _runner(
     attn_metadata: object,
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[mrv2_runner.GPUModelRunner, mock.MagicMock, SimpleNamespace]:
-    """The runner's own execute_model, run to its replay: what it reads on the
-    way is mocked, the graph manager is vLLM's with the descriptor captured."""
+    """The runner's own execute_model, run to its replay through vLLM's graph
+    manager; everything else it reads is mocked."""
     import torch
 
     class Runner(mrv2_runner.GPUModelRunner):  # type: ignore[misc]

@@ -21,17 +21,10 @@ NUM_TOKENS = 8
 UNIFORM_FLAG = "uniform"
 
 
-class _GroupMetadata:
-    """A builder's metadata: how many of the step's rows it runs as prefills."""
-
-    def __init__(self, num_prefills: int) -> None:
-        self.num_prefills = num_prefills
-
-
 def _per_layer(num_prefills: int) -> dict[str, object]:
     """Two linear-attention layers of one group, and a full-attention layer
     whose builder counts no rows."""
-    group = _GroupMetadata(num_prefills)
+    group = SimpleNamespace(num_prefills=num_prefills)
     return {"linear.0": group, "linear.1": group, "attn.2": SimpleNamespace()}
 
 
@@ -69,8 +62,8 @@ class _Graph:
 
 
 def _wrapped() -> tuple[cuda_graph.CUDAGraphWrapper, _Graph, list[CUDAGraphMode]]:
-    """A FULL wrapper around a model recording the forward context's mode,
-    the uniform and the mixed descriptors captured."""
+    """A FULL wrapper, uniform and mixed graphs captured, around a model that
+    records the forward context's mode."""
     modes = []
 
     def model(*args: object, **kwargs: object) -> str:

@@ -13,20 +13,15 @@ if TYPE_CHECKING:
     )
 
 
-class _RecordingBlockTable:
-    max_num_blocks_per_req = 4
-    blocks_per_kv_block = 1
-
-    def add_row(self, block_ids: object, row: int) -> None:
-        pass
-
-    def commit_block_table(self, num_reqs: int) -> None:
-        pass
-
-
 class _RecordingBlockTables:
     def __init__(self) -> None:
-        self.block_tables = [_RecordingBlockTable()]
+        table = SimpleNamespace(
+            max_num_blocks_per_req=4,
+            blocks_per_kv_block=1,
+            add_row=lambda block_ids, row: None,
+            commit_block_table=lambda num_reqs: None,
+        )
+        self.block_tables = [table]
         self.slot_mapping_positions: list[list[int]] = []
 
     def commit_block_table(self, num_reqs: int) -> None:

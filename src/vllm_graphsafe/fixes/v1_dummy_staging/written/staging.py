@@ -1,9 +1,6 @@
-"""FULL dummy runs of the V1 runner stage lengths and positions that agree.
-
-For every active request seq_len == num_computed + num_scheduled, and for every
-active token position == num_computed[req] + query_pos; padded rows and tokens
-are cleared (vllm-project/vllm#54604).
-"""
+"""FULL dummy runs of the V1 runner stage seq_len == num_computed + num_scheduled
+and position == num_computed[req] + query_pos, padding cleared
+(vllm-project/vllm#54604)."""
 
 from types import SimpleNamespace
 from typing import Any
@@ -18,9 +15,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 MAX_ROWS = 8
 MAX_TOKENS = 32
 STALE = 777
-#: How this tree's runner holds its dummy seq_lens (set by the backport): the
-#: name of a host tensor beside the device tensor ``seq_lens``, or "np" for a
-#: buffer ``seq_lens`` with host and device views.
+#: The host tensor beside the device tensor ``seq_lens``, or "np" for a buffer
+#: ``seq_lens`` with both views (set by the backport).
 SEQ_LENS_LAYOUT = "optimistic_seq_lens_cpu"
 
 

@@ -1,12 +1,6 @@
-"""The V1 runner keeps non-decode rows off the uniform decode CUDA graph.
-
-A prefill chunk of exactly 1 + num_speculative_tokens tokens has a uniform
-decode batch's shape (vllm-project/vllm#53051). Each case states its rows as
-_prepare_inputs leaves them for the attention metadata builders; the expected
-classification follows from them: uniform decode iff every request schedules
-the decode query length and is a decode to the builders (with speculation: it
-has query length - 1 drafts; without: it had computed a token before).
-"""
+"""The V1 runner keeps non-decode rows off the uniform decode CUDA graph: a
+prefill chunk of 1 + num_speculative_tokens tokens has a uniform decode batch's
+shape (vllm-project/vllm#53051)."""
 
 import inspect
 from collections.abc import Callable
@@ -19,19 +13,14 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 MAX_ROWS = 16
 NO_DRAFTS = -1
-#: The name of the dispatch's uniform-decode classification in this tree (set
-#: by the backport).
+#: The dispatch's uniform-decode local in this tree (set by the backport).
 CLASSIFICATION = "uniform_decode"
 
 Rows = list[tuple[int, int]]
 
 
 def _runner(rows: Rows, decode_query_len: int) -> GPUModelRunner:
-    """A runner holding only what the classification reads.
-
-    rows: (num_computed, decode_draft_count) per scheduled row; the count is
-    -1 for a prefill chunk, as _prepare_inputs writes it.
-    """
+    """rows: (num_computed, decode_draft_count) per row, -1 for a prefill chunk."""
     computed = np.zeros(MAX_ROWS, dtype=np.int32)
     drafts = np.full(MAX_ROWS, NO_DRAFTS, dtype=np.int32)
     for index, (num_computed, num_drafts) in enumerate(rows):
@@ -60,7 +49,6 @@ def _is_decode(row: tuple[int, int], decode_query_len: int) -> bool:
 def _classification(
     runner: GPUModelRunner, num_reqs: int, force_uniform_decode: bool | None = None
 ) -> bool:
-    """The dispatch's uniform-decode answer, as the rest of it consumes it."""
     dispatch = inspect.unwrap(GPUModelRunner._determine_batch_execution_and_padding)
     q = runner.uniform_decode_query_len
     kwargs = {}
@@ -94,8 +82,7 @@ def _answer_of_the_dispatch(call: Callable[[], object]) -> bool:
     return bool(answers[CLASSIFICATION])
 
 
-# (num_computed, decode_draft_count) per request, for query length q; every
-# request schedules q tokens.
+# (num_computed, decode_draft_count) per request; each schedules q tokens.
 CASES: dict[str, Callable[[int], Rows]] = {
     "fresh_prompt": lambda q: [(0, NO_DRAFTS)],
     "equal_fresh_prompts": lambda q: [(0, NO_DRAFTS)] * 3,
@@ -143,12 +130,9 @@ def test_rows_past_the_batch_are_ignored() -> None:
     assert runner._has_prefill_request(len(rows)) is False
 
 
-# -- a runner built with its input batch alone ----------------------------------
-# Tests elsewhere build the runner with object.__new__ and give it only an input
-# batch of computed and prompt lengths (and perhaps each row's drafts): no draft
-# counts of the builders. There a row is a decode once it has computed its
-# prompt and, where the batch lists them, was handed its drafts this step;
-# without speculation, once it has computed a token.
+# Tests elsewhere build the runner with an input batch alone (no draft counts):
+# there a row is a decode once past its prompt and, where the batch lists them,
+# handed its drafts; without speculation, once it has computed a token.
 
 BatchRows = list[tuple[int, int, int]]
 
@@ -156,7 +140,7 @@ BatchRows = list[tuple[int, int, int]]
 def _batch_only_runner(
     rows: BatchRows, decode_query_len: int, lists_drafts: bool
 ) -> GPUModelRunner:
-    """rows: (num_computed, num_prompt, num_drafts this step) per row."""
+    """rows: (num_computed, num_prompt, num_drafts this step)."""
     computed = np.zeros(MAX_ROWS, dtype=np.int32)
     prompt = np.zeros(MAX_ROWS, dtype=np.int32)
     for index, (num_computed, num_prompt, _) in enumerate(rows):

@@ -1,5 +1,4 @@
-"""Written after ``dispatch.py`` where the tree counts drafts only on drafting
-steps."""
+"""Written after ``dispatch.py`` where drafts are counted on drafting steps only."""
 
 from typing import TYPE_CHECKING
 
@@ -11,13 +10,8 @@ if TYPE_CHECKING:
     )
 
 
-# -- draft counts written only on drafting steps --------------------------------
-
-
 def test_a_step_without_drafts_reads_no_stale_draft_counts() -> None:
-    """This tree's _prepare_inputs leaves the last drafting step's counts in
-    place on a step that schedules no drafts (a K+1-token prompt chunk alone):
-    such a step is a prefill, whatever the counts still say."""
+    """A K+1-token prompt chunk alone is a prefill, whatever stale counts say."""
     q = 4
     runner = _runner([(25, q - 1), (31, q - 1)], q)
     runner.input_batch.spec_token_ids = [[] for _ in range(MAX_ROWS)]

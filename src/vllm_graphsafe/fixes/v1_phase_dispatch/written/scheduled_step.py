@@ -14,23 +14,17 @@ if TYPE_CHECKING:
     )
 
 
-# -- the step's scheduler output -----------------------------------------------
-# This tree's _prepare_inputs leaves the draft counts of the last drafting step
-# in place on a step without drafts (and under pipeline + sequence parallelism
-# its worker dispatches before the runner updates its request state): every
-# dispatch of a step reads the step's scheduler output. The runners below hold
-# the previous step's columns, which say the opposite of the step's answer.
+# Under pipeline + sequence parallelism this tree's worker dispatches before the
+# runner updates its request state: every dispatch reads the scheduler output.
 
-#: Whether this tree counts a row's drafts once it is past its prompt (else
-#: where it schedules exactly 1 + its drafts); set by the backport.
+#: Whether this tree counts a row's drafts once past its prompt (else where it
+#: schedules exactly 1 + its drafts); set by the backport.
 DRAFTS_COUNT_PAST_PROMPT = False
 
 Request = tuple[str, bool, int, int, int, int | None]
 
 
 def _step(requests: list[Request]) -> SimpleNamespace:
-    """A scheduler output. requests: (req_id, is_new, num_computed,
-    num_prompt, num_scheduled, num_drafts or None)."""
     new = [r for r in requests if r[1]]
     cached = [r for r in requests if not r[1]]
     return SimpleNamespace(
@@ -77,8 +71,7 @@ def _stale_runner(requests: list[Request], decode_query_len: int) -> GPUModelRun
     return runner
 
 
-# (req_id, is_new, num_computed, num_prompt, num_scheduled, num_drafts) per
-# request, for query length q.
+# (req_id, is_new, num_computed, num_prompt, num_scheduled, num_drafts or None).
 STEP_CASES: dict[str, Callable[[int], list[Request]]] = {
     "fresh_prompt": lambda q: [("new", True, 0, q, q, None)],
     "prefix_cache_hit": lambda q: [("hit", True, 64, 64 + q, q, None)],
@@ -110,7 +103,6 @@ def test_a_step_is_classified_from_its_scheduler_output(
 
 
 def test_the_runner_hands_the_step_to_its_own_dispatch() -> None:
-    """Both dispatches of a step decide from the same scheduler output."""
     import ast
     import textwrap
 

@@ -17,13 +17,10 @@ if TYPE_CHECKING:
     )
 
 
-# -- the worker's early dispatch (pipeline + sequence parallelism) -------------
-
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
 
 def _worker(runner: GPUModelRunner) -> Worker:
-    """A worker on one of several pipeline stages, with sequence parallelism."""
     worker = object.__new__(Worker)
     worker.__dict__.update(
         _pp_send_work=[],
