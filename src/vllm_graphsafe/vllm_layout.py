@@ -33,6 +33,8 @@ CUDAGRAPH_DISPATCHER = "vllm.v1.cudagraph_dispatcher"
 CUDA_GRAPH = "vllm.compilation.cuda_graph"
 CUDA_GRAPH_WRAPPER_CLASS = "CUDAGraphWrapper"
 FORWARD_CONTEXT = "vllm.forward_context"
+#: ``BatchDescriptor``'s flag of a uniform (decode) batch, by release.
+UNIFORM_BATCH_FLAGS = ("uniform", "uniform_decode")
 DISTRIBUTED = "vllm.distributed"
 INPUTS = "vllm.inputs"
 #: The V1 engine's n-gram drafter (``NgramProposer``): in 0.32, gone from 0.34.

@@ -17,21 +17,16 @@ is by construction the one vLLM's loader reads.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from vllm_graphsafe.local_engine.tiny_model import (
     BOS_TOKEN,
     EOS_TOKEN,
-    IM_END_TOKEN,
     PAD_TOKEN,
-    REQUIRED_FILES,
-    _make_world_readable,
-    _write_json,
     _write_tokenizer,
-    default_cache_dir,
+    build_staged,
+    write_generation_config,
 )
 
 HYBRID_FORMAT_VERSION = 1
@@ -86,25 +81,12 @@ def build_tiny_hybrid_model(
     cache_dir: str | os.PathLike[str] | None = None, seed: int = 0
 ) -> Path:
     """The directory of the tiny Qwen3-Next for ``seed``, built if needed."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / hybrid_model_dir_name(seed)
-    if all((target / name).is_file() for name in REQUIRED_FILES):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
+
+    def write(staging: Path) -> None:
         _write_tokenizer(staging, HYBRID_VOCAB_SIZE)
         _write_hybrid_weights(staging, seed)
-        _make_world_readable(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not all((target / name).is_file() for name in REQUIRED_FILES):
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return build_staged(cache_dir, hybrid_model_dir_name(seed), write)
 
 
 def _write_hybrid_weights(out_dir: Path, seed: int) -> None:
@@ -119,15 +101,7 @@ def _write_hybrid_weights(out_dir: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(out_dir), safe_serialization=True)
-    _write_json(
-        out_dir / "generation_config.json",
-        {
-            "bos_token_id": token_ids[BOS_TOKEN],
-            "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],
-            "pad_token_id": token_ids[PAD_TOKEN],
-            "do_sample": False,
-        },
-    )
+    write_generation_config(out_dir, token_ids)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_graphsafe import vllm_layout
-
-#: The batch descriptor's flag of a uniform (decode) batch, by release.
-UNIFORM_FLAGS = ("uniform", "uniform_decode")
+from vllm_graphsafe.vllm_layout import UNIFORM_BATCH_FLAGS
 
 #: ``replay(forward, observation, context, args, kwargs)``: what the graph computes.
 Replay = Callable[[Any, Any, Any, tuple[Any, ...], dict[str, Any]], Any]
@@ -81,9 +79,9 @@ class FullDecodeGraph:
             vllm_layout.FORWARD_CONTEXT, "BatchDescriptor"
         )
         self.fields = {field.name for field in dataclasses.fields(descriptor_class)}
-        flags = [flag for flag in UNIFORM_FLAGS if flag in self.fields]
+        flags = [flag for flag in UNIFORM_BATCH_FLAGS if flag in self.fields]
         if not flags:
-            raise AttributeError(f"BatchDescriptor has none of {UNIFORM_FLAGS}")
+            raise AttributeError(f"BatchDescriptor has none of {UNIFORM_BATCH_FLAGS}")
         self.flag = flags[0]
 
     def _run_forward(self, *args: Any, **kwargs: Any) -> Any:

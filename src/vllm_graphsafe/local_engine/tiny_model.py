@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,21 @@ def build_tiny_moe_model(
 def _build(
     cache_dir: str | os.PathLike[str] | None, name: str, seed: int, moe: bool
 ) -> Path:
+    def write(staging: Path) -> None:
+        _write_tokenizer(staging)
+        _write_model(staging, seed, moe)
+
+    return build_staged(cache_dir, name, write)
+
+
+def build_staged(
+    cache_dir: str | os.PathLike[str] | None,
+    name: str,
+    write: Callable[[Path], None],
+) -> Path:
+    """The model directory ``name`` in the cache: unless complete, ``write``
+    fills a staging directory that is then renamed into place (a concurrent
+    build that got there first wins)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / name
     if is_complete(target):
@@ -125,8 +141,7 @@ def _build(
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
-        _write_tokenizer(staging)
-        _write_model(staging, seed, moe)
+        write(staging)
         _make_world_readable(staging)
         try:
             staging.rename(target)
@@ -306,6 +321,10 @@ def _write_model(out_dir: Path, seed: int, moe: bool) -> None:
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     _write_json(out_dir / "config.json", _config(vocab_size, token_ids, moe))
+    write_generation_config(out_dir, token_ids)
+
+
+def write_generation_config(out_dir: Path, token_ids: dict[str, int]) -> None:
     _write_json(
         out_dir / "generation_config.json",
         {

@@ -33,11 +33,11 @@ from vllm_graphsafe.vllm_layout import (
     MRV2_CUDAGRAPH_UTILS,
     MRV2_RUNNER,
     MRV2_SPECULATORS,
+    UNIFORM_BATCH_FLAGS,
 )
 
 HAS_PREFILL = "graphsafe_attn_metadata_has_prefill"
 LEAVE_DECODE_GRAPH = "graphsafe_leave_decode_graph_for_prefill"
-UNIFORM_FLAGS = ("uniform", "uniform_decode")
 
 _HAS_PREFILL_HELPER = '''\
 # Per number of layers: one layer per attention metadata object that counts its
@@ -157,10 +157,10 @@ def plan(tree: Tree) -> Plan:
 
 def _uniform_flag(tree: Tree) -> str:
     descriptor = tree.require(FORWARD_CONTEXT).require_class("BatchDescriptor")
-    for flag in UNIFORM_FLAGS:
+    for flag in UNIFORM_BATCH_FLAGS:
         if recognition.class_sets_attribute(descriptor, flag):
             return flag
-    flags = " or ".join(UNIFORM_FLAGS)
+    flags = " or ".join(UNIFORM_BATCH_FLAGS)
     raise MissingSymbolError(f"{FORWARD_CONTEXT}.BatchDescriptor's flag {flags}")
 
 

@@ -48,11 +48,14 @@ from vllm_graphsafe.fixes.replay_guard.judge import (
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills
 from vllm_graphsafe.hook_points import Factory, HookPoint, OnFailure, ReplaceHook
 from vllm_graphsafe.judging import Verdict
-from vllm_graphsafe.vllm_layout import COMPILATION_CONFIG, FORWARD_CONTEXT, load_name
+from vllm_graphsafe.vllm_layout import (
+    COMPILATION_CONFIG,
+    FORWARD_CONTEXT,
+    UNIFORM_BATCH_FLAGS,
+    load_name,
+)
 
 PATCH_ID = FIX.id
-#: The batch descriptor's flag of a uniform (decode) batch, by release.
-UNIFORM_FLAGS = ("uniform", "uniform_decode")
 _READING = (
     "CUDAGraphWrapper.runtime_mode and runnable, the forward context's "
     "cudagraph_runtime_mode, batch_descriptor and attn_metadata (num_prefills)"
@@ -74,11 +77,11 @@ def bind_guarded_wrapper_call(original: Any, on_failure: OnFailure) -> Any:
     current = load_name(FORWARD_CONTEXT, "get_forward_context")
     descriptor_class = load_name(FORWARD_CONTEXT, "BatchDescriptor")
     names = {field.name for field in dataclasses.fields(descriptor_class)}
-    flag = next((flag for flag in UNIFORM_FLAGS if flag in names), None)
+    flag = next((flag for flag in UNIFORM_BATCH_FLAGS if flag in names), None)
     if flag is None:
         raise TypeError(
-            f"BatchDescriptor has none of {UNIFORM_FLAGS}: the guard cannot tell a "
-            "decode graph from a mixed one"
+            f"BatchDescriptor has none of {UNIFORM_BATCH_FLAGS}: the guard cannot "
+            "tell a decode graph from a mixed one"
         )
     count = counts.STATS.counter(PATCH_ID)
     readers: dict[int, GroupPrefills] = {}
