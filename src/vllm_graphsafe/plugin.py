@@ -55,7 +55,7 @@ def register() -> None:
     except PatchFailedError:
         raise
     except Exception as error:
-        _vllm_logger().warning(
+        vllm_layout.vllm_logger().warning(
             "vllm-graphsafe: could not load its patches (%s: %s); vLLM runs "
             "without them. Report this with the output of `vllm-graphsafe doctor`.",
             type(error).__name__,
@@ -69,7 +69,9 @@ def register() -> None:
     if first_time:
         # ops: logged once vLLM's logging is configured (the API server loads
         # plugins before it configures logging).
-        counts.STATS.announce(_vllm_logger(), f"vllm-graphsafe: {registry().summary()}")
+        counts.STATS.announce(
+            vllm_layout.vllm_logger(), f"vllm-graphsafe: {registry().summary()}"
+        )
 
 
 def send_settings_to_ray_actors() -> None:
@@ -166,12 +168,3 @@ def _warn_unwritable(directory: Path, error: OSError) -> None:
         directory,
         error.strerror or error,
     )
-
-
-def _vllm_logger() -> logging.Logger:
-    try:
-        init_logger = vllm_layout.load_name(vllm_layout.LOGGING, "init_logger")
-    except ImportError:
-        return logging.getLogger(vllm_layout.LOGGER)
-    vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)
-    return vllm_logger

@@ -19,7 +19,7 @@ from typing import Any
 
 import wrapt
 
-from vllm_graphsafe import judging
+from vllm_graphsafe import judging, vllm_layout
 from vllm_graphsafe.behaviour.judgement import BEHAVIOUR, Evidence
 from vllm_graphsafe.fixes import Fix, all_fixes
 from vllm_graphsafe.hook_points import REPLACEMENT_MARK, HookPoint
@@ -28,7 +28,7 @@ from vllm_graphsafe.settings import Settings, read_settings
 from vllm_graphsafe.sources import SourceReader
 from vllm_graphsafe.verdicts import Origin, kept_or_judged, verdict_cache
 
-logger = logging.getLogger("vllm.graphsafe")
+logger = logging.getLogger(vllm_layout.LOGGER)
 
 #: Fixes whose code is this package's: the verdict cache's key covers it.
 _PACKAGE_FIXES = "vllm_graphsafe.fixes."

@@ -7,6 +7,7 @@ vLLM layout is one edit here (and in the fix that binds to it).
 from __future__ import annotations
 
 import importlib
+import logging
 from types import ModuleType
 from typing import Any
 
@@ -140,3 +141,13 @@ def load_name(module: str, name: str) -> Any:
         return getattr(loaded, name)
     except AttributeError:
         raise ImportError(f"cannot import name {name!r} from {module!r}") from None
+
+
+def vllm_logger() -> logging.Logger:
+    """The plugin's logger as vLLM formats it (plain ``logging`` without vLLM)."""
+    try:
+        init_logger = load_name(LOGGING, "init_logger")
+    except ImportError:
+        return logging.getLogger(LOGGER)
+    logger: logging.Logger = init_logger(LOGGER)
+    return logger

@@ -92,8 +92,8 @@ def _import_runner_modules(registry: Registry) -> dict[str, str]:
     """Import each patch's modules (its hooks bind in those it applies to, and
     its cases run on the classes of all); the errors met."""
     # vLLM's own import-time notices (Triton, platform) are not doctor's answer.
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    logging.getLogger("vllm.graphsafe").setLevel(logging.WARNING)
+    logging.getLogger(vllm_layout.PACKAGE).setLevel(logging.ERROR)
+    logging.getLogger(vllm_layout.LOGGER).setLevel(logging.WARNING)
     import_errors: dict[str, str] = {}
     for patch in registry.patches:
         modules = (

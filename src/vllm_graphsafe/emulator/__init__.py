@@ -10,7 +10,6 @@ users.
 
 from __future__ import annotations
 
-import logging
 import threading
 from types import ModuleType
 from typing import Any
@@ -52,12 +51,12 @@ def _bind(module: ModuleType) -> None:
 
     mode = physical.mode()
     if problem := physical.mode_problem():
-        _logger().error("vllm-graphsafe: %s", problem)
+        vllm_layout.vllm_logger().error("vllm-graphsafe: %s", problem)
     try:
         V1RunnerEmulator(STATE, mode).bind(module)
     except (BindError, AttributeError, ImportError) as error:
         _bound_error = str(error)
-        _logger().error(
+        vllm_layout.vllm_logger().error(
             "vllm-graphsafe: %s=1 but the graph-hazard emulator cannot bind in this "
             "process (%s); it corrupts nothing here.",
             EMULATE_ENV,
@@ -66,7 +65,7 @@ def _bind(module: ModuleType) -> None:
         return
     _bound = True
     if mode == physical.PHYSICAL:
-        _logger().warning(
+        vllm_layout.vllm_logger().warning(
             "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE, PHYSICAL MODE (%s=1, "
             "%s=physical, a test instrument): steps dispatched as uniform decode "
             "while a row is a prefill build their linear-attention "
@@ -77,7 +76,7 @@ def _bind(module: ModuleType) -> None:
             physical.MODE_ENV,
         )
         return
-    _logger().warning(
+    vllm_layout.vllm_logger().warning(
         "vllm-graphsafe: GRAPH-HAZARD EMULATOR ACTIVE (%s=1, a test instrument): "
         "steps dispatched as uniform decode while a row is a prefill answer "
         "with out-of-vocabulary ids, as a GPU replaying a FULL decode CUDA graph "
@@ -114,12 +113,3 @@ def describe() -> dict[str, Any]:
         "runner": "V1 (vllm/v1/worker/gpu_model_runner.py and its CPU subclass)",
         "summary": summary,
     }
-
-
-def _logger() -> logging.Logger:
-    try:
-        init_logger = vllm_layout.load_name(vllm_layout.LOGGING, "init_logger")
-    except ImportError:
-        return logging.getLogger(vllm_layout.LOGGER)
-    vllm_logger: logging.Logger = init_logger(vllm_layout.LOGGER)
-    return vllm_logger

@@ -6,10 +6,11 @@ import logging
 import threading
 from typing import Any
 
+from vllm_graphsafe import vllm_layout
 from vllm_graphsafe.fixes.replay_guard import FELL_BACK, FIX
 from vllm_graphsafe.fixes.replay_guard.logic import GroupPrefills, describe_step
 
-logger = logging.getLogger("vllm.graphsafe")
+logger = logging.getLogger(vllm_layout.LOGGER)
 
 
 class OnceWarning:
