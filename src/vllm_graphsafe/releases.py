@@ -113,12 +113,6 @@ def release_key(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def minor_of(version: str) -> tuple[int, int]:
-    """``(0, 31)`` for ``"0.31.1rc1"``."""
-    major, minor = release_key(version)[:2]
-    return major, minor
-
-
 def table_note(version: str) -> str | None:
     """One sentence where ``version`` is not a row of the release table."""
     rows = release_table()

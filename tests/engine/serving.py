@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.scripts import last_answer
+from tests.support.local_server import running_server as running_server_for_block
 from vllm_graphsafe.local_engine import launcher as local
 from vllm_graphsafe.local_engine.launcher import LocalServer, ServerStartError
 
@@ -69,7 +70,7 @@ def running_server(
     }
     port = local.free_port()
     try:
-        with local.running_server(
+        with running_server_for_block(
             model_dir,
             env=local.server_environment(overrides, drop=_CALLER_ONLY),
             log_path=workdir / f"server-{port}.log",

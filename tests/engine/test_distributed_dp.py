@@ -39,6 +39,7 @@ import pytest
 
 from tests.engine.serving import on_every_core
 from tests.support import step_recorder as recorder
+from tests.support.local_server import complete
 from tests.support.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.counts import read_process_files
 from vllm_graphsafe.local_engine import launcher as local
@@ -240,7 +241,7 @@ def drive_ranks(server: local.LocalServer, step_dir: Path) -> tuple[int | None, 
                 # A loaded host can reach the end of the decode between two
                 # prompts: rank 1 decodes again before the next one.
                 decoder = start_decoding()
-            local.complete(server, boundary_prompt(sent), 2, data_parallel_rank=0)
+            complete(server, boundary_prompt(sent), 2, data_parallel_rank=0)
             sent += 1
             found = paired_syncs(recorded_ranks(step_dir))
             paired = found[0] if found else None

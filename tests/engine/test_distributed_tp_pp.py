@@ -38,6 +38,7 @@ import pytest
 
 from tests.engine.serving import on_every_core
 from tests.support import step_recorder as recorder
+from tests.support.local_server import complete
 from tests.support.step_recorder import STEP_DIR_ENV, WORKER_EXTENSION
 from vllm_graphsafe.counts import ROLE_WORKER, read_process_files
 from vllm_graphsafe.local_engine import launcher as local
@@ -97,8 +98,8 @@ def serve_parallel(
             raise AssertionError(str(error)) from error
         startup_s = time.monotonic() - started
         for prompt in BOUNDARY_PROMPTS:
-            local.complete(server, prompt, 4)
-        local.complete(server, DECODE_PROMPT, DECODE_TOKENS)
+            complete(server, prompt, 4)
+        complete(server, DECODE_PROMPT, DECODE_TOKENS)
     finally:
         server.stop(signal.SIGTERM)
     assert not local.live_group_members(server.process.pid)

@@ -37,11 +37,11 @@ from tests.engine.emulator.step_log import (
     STEP_LOG_ENV,
     WORKER_EXTENSION,
 )
+from tests.support.local_server import running_server
 from vllm_graphsafe.emulator.demo import boundary_answer
 from vllm_graphsafe.local_engine.cpu_config import BLOCK_SIZE
 from vllm_graphsafe.local_engine.launcher import (
     ServerStartError,
-    running_server,
     server_environment,
 )
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from vllm_graphsafe.fixes import all_fixes
-from vllm_graphsafe.releases import minor_of
+from vllm_graphsafe.releases import release_key
 
 
 class ExtraControl(NamedTuple):
@@ -161,7 +161,7 @@ def surveyed_states(version: str) -> dict[str, str] | None:
     """The state each fix reaches on ``version`` by the survey, or None outside
     it: ``native`` from the release a fix's code landed in, else ``applied``;
     a fix whose code the release no longer has: ``not applicable``."""
-    minor = minor_of(version)
+    minor = release_key(version)[:2]
     if not SURVEYED[0] <= minor <= SURVEYED[1]:
         return None
     found = {}

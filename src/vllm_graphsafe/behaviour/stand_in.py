@@ -74,7 +74,3 @@ class StandIn:
     __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _absorb
     __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _absorb
     __invert__ = __abs__ = _absorb
-
-
-def is_stand_in(value: object) -> bool:
-    return isinstance(value, StandIn)

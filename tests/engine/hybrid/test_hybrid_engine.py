@@ -447,22 +447,22 @@ def test_the_guards_fallbacks_are_counted_on_metrics(
 
     import httpx
 
-    from vllm_graphsafe.local_engine import launcher
+    from tests.support import local_server
 
     env = {key: value for key, value in os.environ.items() if key not in SWITCHES}
     env.update(_switches(GUARD_ONLY), **EMULATE)
     log = tmp_path / "server.log"
     prompts = [list(plan.ids(4, seed)) for seed in (71, 72, 73)]
-    with launcher.running_server(
+    with local_server.running_server(
         hybrid_model,
         env=env,
         log_path=log,
         startup_timeout=600,
         extra_args=HYBRID_SERVER_ARGS,
     ) as server:
-        launcher.complete(server, list(plan.ids(6, 70)), 16)
+        local_server.complete(server, list(plan.ids(6, 70)), 16)
         for prompt in prompts:
-            launcher.complete(server, prompt, 8)
+            local_server.complete(server, prompt, 8)
         deadline, seen = time.monotonic() + 10, 0.0
         while time.monotonic() < deadline and seen < len(prompts):
             seen = _guard_fallbacks_on_metrics(

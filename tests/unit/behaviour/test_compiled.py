@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vllm_graphsafe.behaviour.compiled import SourceCode
-from vllm_graphsafe.behaviour.stand_in import StandIn, is_stand_in
+from vllm_graphsafe.behaviour.stand_in import StandIn
 from vllm_graphsafe.sources import SourceReader
 
 FILES = {
@@ -144,10 +144,10 @@ def test_module_names_are_bound_as_the_modules_bind_them(code: SourceCode) -> No
 
 def test_what_the_fake_does_not_provide_is_a_stand_in(code: SourceCode) -> None:
     r = runner(code)
-    assert is_stand_in(r.reads_env())  # type: ignore[attr-defined]
+    assert isinstance(r.reads_env(), StandIn)  # type: ignore[attr-defined]
     assert r.logs() == "logged"  # type: ignore[attr-defined]
-    assert is_stand_in(r.launches())  # type: ignore[attr-defined]
-    assert is_stand_in(r.reads_state())  # type: ignore[attr-defined]
+    assert isinstance(r.launches(), StandIn)  # type: ignore[attr-defined]
+    assert isinstance(r.reads_state(), StandIn)  # type: ignore[attr-defined]
 
 
 def test_a_name_no_module_binds_fails_as_it_would_in_vllm(code: SourceCode) -> None:
@@ -175,7 +175,7 @@ def test_nothing_of_the_tree_is_imported(code: SourceCode) -> None:
 def test_the_stand_in_is_false_zero_and_empty() -> None:
     value = StandIn("config")
     assert not value and len(value) == 0 and list(value) == [] and int(value) == 0
-    assert is_stand_in(value.anything.deeper()[3])
+    assert isinstance(value.anything.deeper()[3], StandIn)
     assert value is not None and not (value < 1) and not (value > 1)
     with value as entered:
         assert entered is value
